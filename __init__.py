@@ -1,0 +1,3 @@
+"""dgchat: a local terminal chat for text-diffusion language models."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from dgchat.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,65 @@
+"""The `dgchat` command: `dgchat` opens the chat app; subcommands do the rest without a UI."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from dgchat import __version__
+
+# subcommand -> module under dgchat.commands exposing add_parser(subparsers) and run(args) -> int
+SUBCOMMANDS = ["generate", "convert", "bench", "models", "npc", "serve"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line and exit code 2, like every other bad input
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"dgchat: error: {message}\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="dgchat",
+        description="A local terminal chat for text-diffusion language models. "
+        "Without a subcommand, opens the chat app.",
+    )
+    parser.add_argument("--version", action="version", version=f"dgchat {__version__}")
+    parser.add_argument("-m", "--model", help="GGUF model to open in the app (default: configured or bundled model)")
+    parser.add_argument("--chat", type=int, metavar="ID", help="open this saved chat in the app")
+    parser.add_argument("--verbose", action="store_true", help="show llama.cpp's log lines")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"dgchat.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"dgchat.commands.{name}":
+                continue  # not built yet
+            raise
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from dgchat.model_backend.errors import DgchatError
+
+    try:
+        if args.command is None:
+            from dgchat.app.main import run_app
+
+            return run_app(args)
+        module = importlib.import_module(f"dgchat.commands.{args.command}")
+        return int(module.run(args) or 0)
+    except DgchatError as exc:
+        sys.stderr.write(f"dgchat: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("dgchat: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,101 @@
+"""Pieces shared by the subcommands: common flags, model resolution, sampler flags."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from dgchat.model_backend.errors import ModelFileError
+from dgchat.model_backend.params import ALGORITHMS, CACHE_MODES, DiffusionParams
+
+
+def add_common(parser: argparse.ArgumentParser) -> None:
+    # SUPPRESS keeps `dgchat --verbose generate` working: the subparser must not reset it to False
+    parser.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS, help="show llama.cpp's log lines")
+
+
+def add_model_args(parser: argparse.ArgumentParser, required: bool = False) -> None:
+    parser.add_argument("-m", "--model", required=required, help="GGUF model file (default: the bundled model)")
+    parser.add_argument("--n-gpu-layers", type=int, default=None, metavar="N",
+                        help="layers to offload to the GPU (default: all when this build supports it)")
+    parser.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads (default: all cores)")
+
+
+def add_sampler_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("sampling (unset values take the model's recommended defaults)")
+    g.add_argument("--steps", type=int, help="denoising steps per canvas")
+    g.add_argument("--gen-length", type=int, help="canvas length: tokens denoised in parallel")
+    g.add_argument("--block-length", type=int, help="semi-autoregressive block length inside the canvas")
+    g.add_argument("--max-tokens", type=int, help="longest answer; answers continue on new canvases up to this")
+    g.add_argument("--algorithm", choices=ALGORITHMS, help="which positions to commit first")
+    g.add_argument("--eps", type=float, help="timestep schedule end point (Dream-style schedule)")
+    g.add_argument("--temperature", type=float)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--cfg-scale", type=float, default=0.0, help="classifier-free guidance scale")
+    g.add_argument("--threshold", type=float, help="commit every position whose confidence >= this (Fast-dLLM)")
+    g.add_argument("--factor", type=float, help="Fast-dLLM factor-based parallel decoding")
+    g.add_argument("--alg-temp", type=float, default=0.0, help="randomness in choosing positions to commit")
+    g.add_argument("--gumbel", action="store_true", help="reference mode: llama.cpp's add_gumbel_noise")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--mode", choices=("dgchat", "reference"), default="dgchat",
+                   help="reference: the same tokens as llama.cpp's examples/diffusion")
+    g.add_argument("--cache", choices=CACHE_MODES, default="none", help="KV cache reuse across steps")
+    g.add_argument("--no-early-stop", action="store_true", help="keep denoising after the end token")
+    g.add_argument("--entropy-bound", type=float, help="DiffusionGemma: entropy budget per step")
+    g.add_argument("--t-min", type=float, help="DiffusionGemma: final temperature")
+    g.add_argument("--t-max", type=float, help="DiffusionGemma: initial temperature")
+    g.add_argument("--ar", action="store_true", help="DiffusionGemma: decode autoregressively with the same weights")
+
+
+def params_from_args(args: argparse.Namespace) -> DiffusionParams:
+    params = DiffusionParams(
+        steps=args.steps,
+        gen_length=args.gen_length,
+        block_length=args.block_length,
+        algorithm=args.algorithm,
+        eps=args.eps,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        cfg_scale=args.cfg_scale,
+        threshold=args.threshold,
+        factor=args.factor,
+        alg_temp=args.alg_temp,
+        gumbel=args.gumbel,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+        early_stop=not args.no_early_stop,
+        mode=args.mode,
+        cache=args.cache,
+        entropy_bound=args.entropy_bound,
+        t_min=args.t_min,
+        t_max=args.t_max,
+        autoregressive=args.ar,
+    )
+    params.validate()
+    return params
+
+
+def resolve_model_path(arg: str | None) -> Path:
+    """The model to use: the argument, else $DGCHAT_MODEL, else the configured default, else the bundled model."""
+    if arg:
+        return Path(arg).expanduser()
+    env = os.environ.get("DGCHAT_MODEL")
+    if env:
+        return Path(env).expanduser()
+    try:
+        from dgchat.app.config import load_config
+
+        configured = load_config().default_model
+        if configured:
+            return Path(configured).expanduser()
+    except (ImportError, AttributeError):
+        pass
+    from dgchat.assets import bundled_model_path
+
+    bundled = bundled_model_path()
+    if bundled is None:
+        raise ModelFileError("no model given and no bundled model installed; pass -m MODEL.gguf")
+    return bundled

@@ -1,0 +1,113 @@
+"""`dgchat generate`: one answer from the command line, optionally with the canvas drawn live."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from typing import Any
+
+from dgchat.commands.common import add_common, add_model_args, add_sampler_args, params_from_args, resolve_model_path
+from dgchat.model_backend.errors import InvalidParameterError
+from dgchat.model_backend.events import FinalEvent, StepEvent
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate one answer (no UI)", description="Generate one answer.")
+    add_common(p)
+    add_model_args(p)
+    p.add_argument("-p", "--prompt", help="the prompt (reads standard input when omitted or '-')")
+    p.add_argument("--system", help="system prompt / persona for chat models")
+    p.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    p.add_argument("--visual", action="store_true", help="redraw the canvas every step")
+    p.add_argument("--json", action="store_true", help="print the answer and statistics as one JSON object")
+    add_sampler_args(p)
+
+
+def _read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt is not None and args.prompt != "-":
+        return args.prompt
+    if sys.stdin is None or sys.stdin.isatty():
+        raise InvalidParameterError("no prompt: pass -p PROMPT or pipe text on standard input")
+    return sys.stdin.read()
+
+
+def run(args: argparse.Namespace) -> int:
+    from dgchat.model_backend import llamacpp
+    from dgchat.model_backend.engine import DiffusionEngine
+
+    llamacpp.set_verbose(getattr(args, "verbose", False))
+    params = params_from_args(args)
+    prompt_text = _read_prompt(args)
+    model_path = resolve_model_path(args.model)
+    engine = DiffusionEngine.load(model_path, n_gpu_layers=args.n_gpu_layers, n_threads=args.threads)
+    try:
+        if args.raw:
+            prompt = engine.encode(prompt_text)
+        else:
+            messages = ([{"role": "system", "content": args.system}] if args.system else [])
+            messages.append({"role": "user", "content": prompt_text})
+            prompt = engine.chat_prompt(messages)
+        resolved = engine.resolve(params)
+        cancel = threading.Event()
+        previous = signal.getsignal(signal.SIGINT)
+
+        def on_sigint(_sig: int, _frame: Any) -> None:
+            if cancel.is_set():  # second Ctrl-C: give up immediately
+                raise KeyboardInterrupt
+            cancel.set()
+
+        signal.signal(signal.SIGINT, on_sigint)
+        try:
+            final = _drive(engine, prompt, resolved, cancel, visual=args.visual and not args.json)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        if args.json:
+            print(json.dumps(_as_json(final, engine, model_path, resolved), ensure_ascii=False))
+        else:
+            sys.stdout.write(final.text.rstrip("\n") + "\n")
+            if final.stop_reason == "cancelled":
+                sys.stderr.write("dgchat: generation stopped (Ctrl-C); partial answer above\n")
+        return 130 if final.stop_reason == "cancelled" else 0
+    finally:
+        engine.close()
+
+
+def _drive(engine, prompt, params, cancel: threading.Event, *, visual: bool) -> FinalEvent:
+    final: FinalEvent | None = None
+    if not visual:
+        for event in engine.generate(prompt, params, cancel=cancel):
+            if isinstance(event, FinalEvent):
+                final = event
+        assert final is not None
+        return final
+    from rich.console import Console
+    from rich.live import Live
+
+    from dgchat.commands.render import render_step
+
+    console = Console(stderr=False)
+    with Live(console=console, refresh_per_second=30, transient=False) as live:
+        for event in engine.generate(prompt, params, cancel=cancel):
+            if isinstance(event, StepEvent):
+                live.update(render_step(engine, event))
+            else:
+                final = event
+        live.update("")
+    assert final is not None
+    return final
+
+
+def _as_json(final: FinalEvent, engine, model_path, params) -> dict[str, Any]:
+    return {
+        "text": final.text,
+        "tokens": [int(t) for t in final.tokens],
+        "stop_reason": final.stop_reason,
+        "model": str(model_path),
+        "architecture": engine.info.architecture,
+        "engine": final.engine_label,
+        "params": params.as_dict(),
+        "stats": final.stats.as_dict(),
+    }

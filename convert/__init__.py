@@ -1,0 +1,1 @@
+"""Conversion to GGUF, quantization, and the default model's training recipe."""

@@ -1,0 +1,1 @@
+"""Engine and samplers: runs diffusion LMs on llama.cpp. No UI code lives here."""

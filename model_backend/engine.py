@@ -1,0 +1,309 @@
+"""DiffusionEngine: one loaded model, ready to turn prompts into streams of denoising events.
+
+This is the object the CLI, the app and the server hold. It validates the file, classifies the
+model (model_info), owns the llama.cpp context (sized for prompt + canvas, recreated when a longer
+answer needs more room), renders chat templates, and dispatches to the right sampler loop.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dgchat.model_backend import llamacpp
+from dgchat.model_backend.canvas import Canvas, Cell
+from dgchat.model_backend.chat_template import CHATML, render_chat
+from dgchat.model_backend.errors import ContextOverflowError, InvalidParameterError
+from dgchat.model_backend.events import FinalEvent, GenerationStats, StepEvent, StepTiming
+from dgchat.model_backend.gguf_file import read_gguf_header
+from dgchat.model_backend.masked_diffusion import MaskedSetup, run_masked
+from dgchat.model_backend.model_info import ModelInfo, inspect_header
+from dgchat.model_backend.params import DiffusionParams
+from dgchat.model_backend.reference_sampler import ReferenceParams, reference_denoise
+
+Message = dict[str, Any]
+
+
+class _ContextLogits:
+    """LogitsSource over a llama.cpp context: one full pass per call (no cache reuse)."""
+
+    def __init__(self, engine: DiffusionEngine) -> None:
+        self.engine = engine
+
+    def logits(self, sequence: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        ctx = self.engine._context_for(sequence.size)
+        ctx.clear()
+        return ctx.decode_tokens(sequence, np.arange(sequence.size, dtype=np.int32), outputs=rows)
+
+
+class DiffusionEngine:
+    def __init__(self, model: llamacpp.LlamaModel, info: ModelInfo, *, n_threads: int | None = None) -> None:
+        self.model = model
+        self.info = info
+        self.n_threads = n_threads
+        self._ctx: llamacpp.LlamaContext | None = None
+        self._ctx_tokens = 0
+        self._pieces: dict[int, str] = {}
+        self._lock = threading.Lock()  # one generation at a time per engine
+        self._eog = model.eog_ids()
+
+    # -- loading ------------------------------------------------------------------------------
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        *,
+        n_gpu_layers: int | None = None,
+        n_threads: int | None = None,
+        progress: Callable[[float], bool] | None = None,
+    ) -> DiffusionEngine:
+        header = read_gguf_header(path)
+        info = inspect_header(header)  # refuse unsupported models before llama.cpp loads anything
+        model = llamacpp.LlamaModel(path, n_gpu_layers=n_gpu_layers, progress=progress, header=header)
+        if info.family == "diffusion_gemma":
+            from dgchat.model_backend.diffusion_gemma import DiffusionGemmaEngine
+
+            return DiffusionGemmaEngine(model, info, n_threads=n_threads)
+        return cls(model, info, n_threads=n_threads)
+
+    def close(self) -> None:
+        if self._ctx is not None:
+            self._ctx.close()
+            self._ctx = None
+        self.model.close()
+
+    def __enter__(self) -> DiffusionEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def label(self) -> str:
+        """How this engine runs the model, shown by the CLI and the UI."""
+        return "masked diffusion"
+
+    @property
+    def path(self) -> Path:
+        return self.model.path
+
+    @property
+    def n_ctx_max(self) -> int:
+        return self.model.n_ctx_train or 4096
+
+    # -- text ---------------------------------------------------------------------------------
+    def chat_prompt(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> np.ndarray:
+        template = self.info.chat_template or CHATML
+        bos = self.model.token_piece(self.model.bos).decode("utf-8", "replace") if self.model.bos is not None else ""
+        eos = self.model.token_piece(self.model.eos).decode("utf-8", "replace") if self.model.eos is not None else ""
+        text = render_chat(template, list(messages), add_generation_prompt=add_generation_prompt,
+                           bos_token=bos, eos_token=eos)
+        return self.encode(text)
+
+    def encode(self, text: str) -> np.ndarray:
+        """Tokenize with special tokens parsed; a BOS is added once (templates often write it)."""
+        tokens = self.model.tokenize(text, add_special=False, parse_special=True)
+        bos = self.model.bos
+        if self.model.add_bos and bos is not None and (tokens.size == 0 or tokens[0] != bos):
+            tokens = np.concatenate([np.array([bos], dtype=np.int32), tokens])
+        return tokens
+
+    def piece(self, token: int) -> str:
+        """Display text of one token (special tokens rendered), cached."""
+        text = self._pieces.get(token)
+        if text is None:
+            text = self.model.token_piece(token, special=True).decode("utf-8", errors="replace")
+            self._pieces[token] = text
+        return text
+
+    def detokenize(self, tokens: np.ndarray | Sequence[int]) -> str:
+        return self.model.detokenize(tokens, remove_special=False, unparse_special=False)
+
+    def is_end(self, token: int) -> bool:
+        return bool(np.isin(token, self._eog))
+
+    # -- parameters ---------------------------------------------------------------------------
+    def resolve(self, params: DiffusionParams | None = None) -> DiffusionParams:
+        """Fill unset fields from the model's defaults and validate."""
+        params = params or DiffusionParams()
+        defaults = dict(self.info.defaults)
+        # the two schedules are alternatives: a user's choice of one drops the default of the other
+        if params.eps is not None and params.block_length is None:
+            defaults.pop("block_length", None)
+        if params.block_length is not None and params.eps is None:
+            defaults.pop("eps", None)
+        params = params.with_defaults(defaults)
+        fallback = {"gen_length": 128, "steps": 128, "algorithm": "confidence", "temperature": 0.0}
+        params = params.with_defaults(fallback)
+        if params.block_length is None and params.eps is None:
+            params = params.updated(eps=1e-3)
+        if params.block_length is not None and params.block_length >= params.gen_length:
+            params = params.updated(block_length=None).with_defaults({"eps": 1e-3})
+        if params.max_tokens is None:
+            params = params.updated(max_tokens=params.gen_length)
+        params.validate()
+        return params
+
+    # -- contexts -----------------------------------------------------------------------------
+    def _context_for(self, n_tokens: int) -> llamacpp.LlamaContext:
+        if n_tokens > self.n_ctx_max:
+            raise ContextOverflowError(
+                f"the prompt and answer need {n_tokens} tokens but the model's context is {self.n_ctx_max}"
+            )
+        if self._ctx is None or n_tokens > self._ctx_tokens:
+            if self._ctx is not None:
+                self._ctx.close()
+            size = min(self.n_ctx_max, max(256, 1 << (int(n_tokens) - 1).bit_length()))
+            self._ctx = llamacpp.LlamaContext(self.model, n_ctx=size, max_tokens=size, n_threads=self.n_threads)
+            self._ctx.set_causal(False)
+            self._ctx_tokens = size
+        return self._ctx
+
+    def check_fits(self, prompt_tokens: int, params: DiffusionParams) -> None:
+        need = prompt_tokens + int(params.max_tokens or params.gen_length)
+        if prompt_tokens + int(params.gen_length) > self.n_ctx_max:
+            raise ContextOverflowError(
+                f"prompt is {prompt_tokens} tokens; with a canvas of {params.gen_length} it exceeds the model's "
+                f"context of {self.n_ctx_max} tokens"
+            )
+        if need > self.n_ctx_max:
+            raise ContextOverflowError(
+                f"prompt ({prompt_tokens}) + max tokens ({params.max_tokens}) exceed the model's context of "
+                f"{self.n_ctx_max} tokens; lower --max-tokens"
+            )
+
+    # -- generation ---------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt_tokens: np.ndarray,
+        params: DiffusionParams | None = None,
+        *,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[StepEvent | FinalEvent]:
+        """Stream events for one answer. Holding the engine lock: one generation at a time."""
+        params = self.resolve(params)
+        prompt_tokens = np.asarray(prompt_tokens, dtype=np.int32)
+        if prompt_tokens.size == 0:
+            raise InvalidParameterError("the prompt is empty")
+        self.check_fits(int(prompt_tokens.size), params)
+        with self._lock:
+            if params.mode == "reference":
+                inner = self._generate_reference(prompt_tokens, params, cancel)
+            else:
+                inner = self._generate_masked(prompt_tokens, params, cancel)
+            yield from self._with_cancel(inner, cancel)
+
+    def _with_cancel(self, events: Iterator, cancel: threading.Event | None) -> Iterator:
+        """Forward the cancel flag into llama.cpp so a long decode aborts mid-way."""
+        if cancel is None:
+            yield from events
+            return
+        watcher_stop = threading.Event()
+
+        def watch() -> None:
+            while not watcher_stop.wait(0.02):
+                if cancel.is_set() and self._ctx is not None:
+                    self._ctx.cancel_event.set()
+                    return
+
+        thread = threading.Thread(target=watch, daemon=True)
+        thread.start()
+        try:
+            yield from events
+        finally:
+            watcher_stop.set()
+            if self._ctx is not None:
+                self._ctx.cancel_event.clear()
+
+    def _finish(self, final: FinalEvent) -> FinalEvent:
+        text = self.detokenize(final.tokens)
+        final.stats.decode_calls = self._ctx.n_decodes if self._ctx is not None else 0
+        return FinalEvent(text=text, tokens=final.tokens, stop_reason=final.stop_reason, stats=final.stats,
+                          engine_label=self.label, extra=final.extra)
+
+    def _generate_masked(self, prompt: np.ndarray, params: DiffusionParams, cancel) -> Iterator:
+        setup = MaskedSetup(self.info.mask_token, self._eog, self.info.shift_logits)
+        from dgchat.model_backend.errors import GenerationCancelled
+
+        try:
+            for event in run_masked(_ContextLogits(self), prompt, params, setup, cancel=cancel, n_vocab=self.model.n_vocab):
+                yield self._finish(event) if isinstance(event, FinalEvent) else event
+        except GenerationCancelled:
+            stats = GenerationStats(prompt_tokens=int(prompt.size))
+            yield self._finish(FinalEvent("", np.empty(0, np.int32), "cancelled", stats))
+
+    def _generate_reference(self, prompt: np.ndarray, params: DiffusionParams, cancel) -> Iterator:
+        """llama.cpp's examples/diffusion, token for token: one canvas, no early stop."""
+        L = int(params.gen_length)
+        max_length = int(prompt.size) + L
+        ref = ReferenceParams(
+            steps=int(params.steps),
+            max_length=max_length,
+            mask_token_id=int(self.info.mask_token),
+            algorithm=params.algorithm,
+            eps=float(params.eps or 0.0) if not params.block_length else 0.0,
+            block_length=int(params.block_length or 0),
+            temperature=float(params.temperature or 0.0),
+            top_k=params.top_k,
+            top_p=params.top_p,
+            seed=params.seed,
+            shift_logits=self.info.shift_logits,
+            cfg_scale=params.cfg_scale,
+            alg_temp=params.alg_temp,
+            add_gumbel_noise=params.gumbel,
+        )
+        stats = GenerationStats(prompt_tokens=int(prompt.size))
+        t_start = time.perf_counter()
+        model_s = [0.0]
+        positions = np.arange(max_length, dtype=np.int32)
+
+        def logits_fn(tokens: np.ndarray) -> np.ndarray:
+            t0 = time.perf_counter()
+            ctx = self._context_for(max_length)
+            ctx.clear()
+            out = ctx.decode_tokens(tokens, positions)
+            model_s[0] += time.perf_counter() - t0
+            return out
+
+        canvas = Canvas.blank(L, self.info.mask_token)
+        stop = "max_tokens"
+        last_model = 0.0
+        from dgchat.model_backend.errors import GenerationCancelled
+
+        try:
+            for step in reference_denoise(prompt, ref, logits_fn, time.perf_counter):
+                canvas.commit(step.committed - prompt.size, step.tokens[step.committed], step.confidence, step.step + 1)
+                stats.steps += 1
+                stats.sampler_s += step.sampler_seconds
+                step_model = model_s[0] - last_model
+                last_model = model_s[0]
+                yield StepEvent(
+                    step=stats.steps, total_steps=ref.steps, canvas_index=0, canvas_step=stats.steps,
+                    canvas=canvas.snapshot(), answer_tokens=np.empty(0, np.int32), committed=canvas.n_decided,
+                    canvas_length=L, timing=StepTiming(1000 * step_model, 1000 * step.sampler_seconds),
+                    elapsed_s=time.perf_counter() - t_start,
+                )
+                if cancel is not None and cancel.is_set():
+                    stop = "cancelled"
+                    break
+        except GenerationCancelled:
+            stop = "cancelled"
+        stats.model_s = model_s[0]
+        canvas.settle()
+        tokens = canvas.tokens
+        if stop != "cancelled":
+            ends = np.flatnonzero(np.isin(tokens, self._eog))
+            if ends.size:
+                tokens, stop = tokens[: ends[0]], "eos"
+        else:
+            undecided = np.flatnonzero(canvas.state == Cell.MASKED)
+            tokens = tokens[: undecided[0]] if undecided.size else tokens
+        stats.tokens = int(tokens.size)
+        stats.canvases = 1
+        stats.elapsed_s = time.perf_counter() - t_start
+        yield self._finish(FinalEvent("", tokens.copy(), stop, stats, extra={"sequence": canvas.tokens.copy()}))

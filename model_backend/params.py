@@ -1,0 +1,117 @@
+"""Generation parameters shared by the CLI, the app, the API server and the benchmarks."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from dgchat.model_backend.errors import InvalidParameterError
+
+ALGORITHMS = ("confidence", "entropy", "margin", "random", "origin")
+MODES = ("dgchat", "reference")
+CACHE_MODES = ("none", "prefix", "dual")
+
+
+@dataclass(frozen=True)
+class DiffusionParams:
+    """How to denoise. Fields left at None take the model's recommended default (GGUF `dgchat.*`
+    keys, else the architecture's published defaults); see `ModelInfo.default_params`."""
+
+    steps: int | None = None
+    gen_length: int | None = None  # canvas length (tokens decoded in parallel)
+    block_length: int | None = None  # LLaDA-style semi-autoregressive blocks inside the canvas
+    algorithm: str | None = None
+    eps: float | None = None  # Dream-style timestep schedule: t runs from 1 to eps
+    temperature: float | None = None
+    top_k: int = 0
+    top_p: float = 1.0
+    cfg_scale: float = 0.0  # classifier-free guidance (unconditional pass with the prompt masked)
+    threshold: float | None = None  # Fast-dLLM: commit every position with confidence >= threshold
+    factor: float | None = None  # Fast-dLLM "factor" parallel decoding
+    alg_temp: float = 0.0  # stochastic choice of which positions to commit (Dream's alg_temp)
+    gumbel: bool = False  # llama.cpp's add_gumbel_noise (reference mode)
+    seed: int = 0
+    max_tokens: int | None = None  # answers longer than one canvas continue on new canvases up to this
+    early_stop: bool = True
+    mode: str = "dgchat"  # "reference": token-for-token what llama.cpp's examples/diffusion does
+    cache: str = "none"
+    # uniform-state (DiffusionGemma) sampler
+    entropy_bound: float | None = None
+    t_min: float | None = None
+    t_max: float | None = None
+    stability_threshold: int | None = None
+    confidence_threshold: float | None = None
+    autoregressive: bool = False  # decode left to right with the causal encoder (DiffusionGemma --ar)
+
+    def with_defaults(self, defaults: dict[str, Any]) -> DiffusionParams:
+        """Fill every None field from `defaults`."""
+        updates = {k: v for k, v in defaults.items() if k in _FIELD_NAMES and getattr(self, k) is None}
+        return replace(self, **updates)
+
+    def updated(self, **changes: Any) -> DiffusionParams:
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def validate(self) -> None:
+        """Raise InvalidParameterError naming the first bad value."""
+
+        def bad(msg: str) -> None:
+            raise InvalidParameterError(msg)
+
+        if self.steps is not None and self.steps <= 0:
+            bad(f"--steps must be a positive integer (got {self.steps})")
+        if self.gen_length is not None and self.gen_length <= 0:
+            bad(f"--gen-length must be a positive integer (got {self.gen_length})")
+        if self.block_length is not None:
+            if self.block_length <= 0:
+                bad(f"--block-length must be a positive integer (got {self.block_length})")
+            if self.mode == "dgchat" and self.gen_length and self.gen_length % self.block_length:
+                bad(
+                    f"canvas length {self.gen_length} is not divisible by block length {self.block_length}"
+                )
+        if self.algorithm is not None and self.algorithm not in ALGORITHMS:
+            bad(f"--algorithm must be one of {', '.join(ALGORITHMS)} (got {self.algorithm!r})")
+        if self.eps is not None and not 0.0 <= self.eps < 1.0:
+            bad(f"--eps must be in [0, 1) (got {self.eps})")
+        if self.temperature is not None and self.temperature < 0:
+            bad(f"--temperature must be >= 0 (got {self.temperature})")
+        if self.top_k < 0:
+            bad(f"--top-k must be >= 0 (got {self.top_k})")
+        if not 0.0 < self.top_p <= 1.0:
+            bad(f"--top-p must be in (0, 1] (got {self.top_p})")
+        if self.cfg_scale < 0:
+            bad(f"--cfg-scale must be >= 0 (got {self.cfg_scale})")
+        if self.threshold is not None and not 0.0 < self.threshold <= 1.0:
+            bad(f"--threshold must be in (0, 1] (got {self.threshold})")
+        if self.factor is not None and self.factor <= 0:
+            bad(f"--factor must be > 0 (got {self.factor})")
+        if self.threshold is not None and self.factor is not None:
+            bad("--threshold and --factor are alternatives; give one")
+        if self.alg_temp < 0:
+            bad(f"--alg-temp must be >= 0 (got {self.alg_temp})")
+        if self.max_tokens is not None and self.max_tokens <= 0:
+            bad(f"--max-tokens must be a positive integer (got {self.max_tokens})")
+        if self.mode not in MODES:
+            bad(f"--mode must be one of {', '.join(MODES)} (got {self.mode!r})")
+        if self.cache not in CACHE_MODES:
+            bad(f"--cache must be one of {', '.join(CACHE_MODES)} (got {self.cache!r})")
+        if self.mode == "reference" and (self.threshold is not None or self.factor is not None):
+            bad("reference mode reproduces llama.cpp's example, which has no --threshold/--factor")
+        if self.mode == "reference" and self.cache != "none":
+            bad("reference mode recomputes every step; it cannot be combined with --cache")
+        if self.entropy_bound is not None and self.entropy_bound <= 0:
+            bad(f"--entropy-bound must be > 0 (got {self.entropy_bound})")
+        if self.t_min is not None and self.t_max is not None and not 0 <= self.t_min < self.t_max:
+            bad(f"need 0 <= t_min < t_max (got t_min={self.t_min}, t_max={self.t_max})")
+        if self.steps is not None and self.block_length and self.gen_length and self.mode == "dgchat":
+            n_blocks = self.gen_length // self.block_length
+            if self.threshold is None and self.factor is None and self.steps % n_blocks:
+                bad(
+                    f"--steps {self.steps} must be a multiple of the number of blocks "
+                    f"({self.gen_length} / {self.block_length} = {n_blocks})"
+                )
+
+
+_FIELD_NAMES = {f.name for f in fields(DiffusionParams)}

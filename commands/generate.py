@@ -89,13 +89,21 @@ def _drive(engine, prompt, params, cancel: threading.Event, *, visual: bool) -> 
     from dgchat.commands.render import render_step
 
     console = Console(stderr=False)
-    with Live(console=console, refresh_per_second=30, transient=False) as live:
+    if not console.is_terminal:
+        # not a terminal (a pipe, a log file): one frame per step, in plain text
+        for event in engine.generate(prompt, params, cancel=cancel):
+            if isinstance(event, StepEvent):
+                console.print(render_step(engine, event), highlight=False)
+            else:
+                final = event
+        assert final is not None
+        return final
+    with Live(console=console, refresh_per_second=30, transient=True) as live:
         for event in engine.generate(prompt, params, cancel=cancel):
             if isinstance(event, StepEvent):
                 live.update(render_step(engine, event))
             else:
                 final = event
-        live.update("")
     assert final is not None
     return final
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -143,7 +144,7 @@ class DiffusionEngine:
         if params.block_length is None and params.eps is None:
             params = params.updated(eps=1e-3)
         if params.block_length is not None and params.block_length >= params.gen_length:
-            params = params.updated(block_length=None).with_defaults({"eps": 1e-3})
+            params = replace(params, block_length=None).with_defaults({"eps": 1e-3})
         if params.max_tokens is None:
             params = params.updated(max_tokens=params.gen_length)
         params.validate()

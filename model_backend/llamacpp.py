@@ -69,10 +69,16 @@ def recent_log(n: int = 20) -> list[str]:
 
 
 def _last_error_line() -> str:
-    for line in reversed(recent_log(60)):
+    """The most specific error llama.cpp logged recently ("error loading model: ..." beats "failed")."""
+    lines = [line.strip() for line in recent_log(80)]
+    for marker in ("error loading model: ", "error: "):
+        for line in reversed(lines):
+            if marker in line:
+                return line.split(marker, 1)[1].strip()
+    for line in reversed(lines):
         low = line.lower()
-        if "error" in low or "failed" in low or "exception" in low or "wrong" in low:
-            return line.strip()
+        if "error" in low or "failed" in low or "exception" in low:
+            return line
     return ""
 
 
@@ -429,6 +435,9 @@ class LlamaContext:
             out_idx = np.asarray(outputs)
             if out_idx.dtype == np.bool_:
                 out_idx = np.flatnonzero(out_idx[:n])
+            else:
+                # llama.cpp returns rows in batch order, so requests are sorted and deduplicated
+                out_idx = np.unique(out_idx.astype(np.int64))
         batch.logits[out_idx] = 1
         batch.struct.n_tokens = n
         rc = _llama.llama_decode(self._ptr, batch.struct)
@@ -448,10 +457,12 @@ class LlamaContext:
         Contexts with memory return only the flagged rows; contexts without memory (llada, dream)
         run encode(), which outputs every position. Either way the result is a view when the
         requested rows are contiguous."""
+        n_vocab = self.model.n_vocab
+        if self.has_memory and out_idx.size == 0:
+            return np.empty((0, n_vocab), dtype=np.float32)
         ptr = _llama.llama_get_logits(self._ptr)
         if not ptr:
             raise EngineError("llama.cpp returned no logits")
-        n_vocab = self.model.n_vocab
         n_rows = out_idx.size if self.has_memory else n
         addr = ctypes.addressof(ptr.contents)
         buf = (ctypes.c_float * (n_rows * n_vocab)).from_address(addr)

@@ -103,6 +103,9 @@ def run_masked(
                     uncond = source.logits(uncond_seq, rows)
                     logits = uncond + np.float32(params.cfg_scale + 1.0) * (logits - uncond)
                 t1 = time.perf_counter()
+                # never propose the mask token itself (the reference samplers can; it only wastes a step)
+                logits = np.array(logits, copy=True) if not logits.flags.writeable else logits
+                logits[:, setup.mask_token] = -np.inf
                 proposal = sampling.propose(
                     logits,
                     temperature=float(params.temperature or 0.0),

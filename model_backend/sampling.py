@@ -131,13 +131,13 @@ def choose_threshold(confidence: np.ndarray, threshold: float) -> np.ndarray:
 
 def choose_factor(confidence: np.ndarray, factor: float) -> np.ndarray:
     """Fast-dLLM's factor rule: commit the n most confident positions for the largest n with
-    (n + 1) * (1 - c_n) < factor, where c_n is the n-th highest confidence (at least one)."""
+    (n + 1) * (1 - c_n) <= factor, where c_n is the n-th highest confidence (at least one)."""
     if confidence.size == 0:
         return np.empty(0, dtype=np.int64)
     order = np.argsort(-confidence, kind="stable")
     c = confidence[order]
     n = np.arange(1, c.size + 1)
-    ok = (n + 1) * (1.0 - c) < factor
+    ok = (n + 1) * (1.0 - c) <= factor
     ok[0] = True
     # the rule holds for a prefix of the sorted list; stop at the first failure
     count = int(np.argmin(ok)) if not ok.all() else c.size

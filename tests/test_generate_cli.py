@@ -1,0 +1,102 @@
+"""`dgchat generate` end to end, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+def dgchat(*args: str, input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dgchat", *args], capture_output=True, text=True, input=input,
+                          timeout=timeout)
+
+
+def test_json_output(llada_gguf: Path) -> None:
+    res = dgchat("generate", "-m", str(llada_gguf), "-p", "Halt, traveller", "--gen-length", "32", "--steps", "16",
+                 "--block-length", "8", "--json", "--seed", "3")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["architecture"] == "llada" and out["stop_reason"] in ("eos", "max_tokens")
+    stats = out["stats"]
+    assert stats["steps"] == 16 and stats["canvases"] == 1 and stats["tokens"] == len(out["tokens"]) <= 32
+    assert stats["model_s"] > 0 and stats["tokens_per_s"] > 0
+    assert out["params"]["block_length"] == 8
+    # deterministic under a seed
+    again = json.loads(dgchat("generate", "-m", str(llada_gguf), "-p", "Halt, traveller", "--gen-length", "32",
+                              "--steps", "16", "--block-length", "8", "--json", "--seed", "3").stdout)
+    assert again["tokens"] == out["tokens"]
+
+
+def test_prompt_from_stdin_and_raw(dream_gguf: Path) -> None:
+    raw = dgchat("generate", "-m", str(dream_gguf), "--raw", "--gen-length", "16", "--steps", "8", "--json",
+                 input="Once upon a time")
+    assert raw.returncode == 0, raw.stderr
+    chat = dgchat("generate", "-m", str(dream_gguf), "--gen-length", "16", "--steps", "8", "--json", "-p", "-",
+                  input="Once upon a time")
+    assert chat.returncode == 0, chat.stderr
+    n_raw = json.loads(raw.stdout)["stats"]["prompt_tokens"]
+    n_chat = json.loads(chat.stdout)["stats"]["prompt_tokens"]
+    assert n_chat >= n_raw + 6  # the ChatML template adds <|im_start|>user\n ... <|im_end|>\n<|im_start|>assistant\n
+
+
+def test_visual_draws_the_canvas(llada_gguf: Path) -> None:
+    res = dgchat("generate", "-m", str(llada_gguf), "-p", "hi", "--gen-length", "16", "--steps", "4", "--visual")
+    assert res.returncode == 0, res.stderr
+    assert "step 4 (canvas 1, 4/4)" in res.stdout and "16/16 tokens" in res.stdout
+
+
+def test_reference_mode_and_threshold(llada_gguf: Path) -> None:
+    res = dgchat("generate", "-m", str(llada_gguf), "-p", "hi", "--mode", "reference", "--eps", "0.001",
+                 "--gen-length", "24", "--steps", "8", "--top-k", "1", "--json")
+    assert res.returncode == 0, res.stderr
+    res = dgchat("generate", "-m", str(llada_gguf), "-p", "hi", "--gen-length", "32", "--block-length", "8",
+                 "--threshold", "0.5", "--json")
+    assert res.returncode == 0, res.stderr
+    stats = json.loads(res.stdout)["stats"]
+    assert stats["steps"] <= 32
+
+
+def _one_line_error(res: subprocess.CompletedProcess, pattern: str) -> None:
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    err = [line for line in res.stderr.splitlines() if line.startswith("dgchat: error:")]
+    assert len(err) == 1 and pattern in err[0], res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_bad_inputs(tmp_path: Path, llada_gguf: Path, causal_gguf: Path, unknown_arch_gguf: Path,
+                    small_ctx_gguf: Path) -> None:
+    _one_line_error(dgchat("generate", "-m", str(causal_gguf), "-p", "x"), "causal (autoregressive) model")
+    _one_line_error(dgchat("generate", "-m", str(unknown_arch_gguf), "-p", "x"), "unknown model architecture: 'foo'")
+    trunc = tmp_path / "trunc.gguf"
+    trunc.write_bytes(llada_gguf.read_bytes()[:-1000])
+    _one_line_error(dgchat("generate", "-m", str(trunc), "-p", "x"), "truncated")
+    junk = tmp_path / "junk.gguf"
+    junk.write_text("this is not a model\n")
+    _one_line_error(dgchat("generate", "-m", str(junk), "-p", "x"), "not a GGUF file")
+    _one_line_error(dgchat("generate", "-m", str(tmp_path / "none.gguf"), "-p", "x"), "not found")
+    _one_line_error(dgchat("generate", "-m", str(small_ctx_gguf), "-p", "word " * 80), "exceeds the model's context")
+    _one_line_error(dgchat("generate", "-m", str(llada_gguf), "-p", "x", "--steps", "0"), "--steps")
+    _one_line_error(dgchat("generate", "-m", str(llada_gguf), "-p", "x", "--gen-length", "30", "--block-length", "8"),
+                    "not divisible by block length 8")
+    _one_line_error(dgchat("generate", "-m", str(llada_gguf), "-p", "x", "--algorithm", "best"), "invalid choice")
+
+
+def test_ctrl_c_stops_cleanly(llada_gguf: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dgchat", "generate", "-m", str(llada_gguf), "-p", "tell me a long story",
+         "--gen-length", "512", "--steps", "4096", "--block-length", "8", "--max-tokens", "512"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    time.sleep(4)
+    assert proc.poll() is None, proc.stderr.read()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "generation stopped" in err and "Traceback" not in err

@@ -19,10 +19,11 @@ import numpy as np
 from dgchat.model_backend import llamacpp
 from dgchat.model_backend.canvas import Canvas, Cell
 from dgchat.model_backend.chat_template import CHATML, render_chat
-from dgchat.model_backend.errors import ContextOverflowError, InvalidParameterError
+from dgchat.model_backend.errors import ContextOverflowError, GenerationCancelled, InvalidParameterError
 from dgchat.model_backend.events import FinalEvent, GenerationStats, StepEvent, StepTiming
 from dgchat.model_backend.gguf_file import read_gguf_header
-from dgchat.model_backend.masked_diffusion import MaskedSetup, run_masked
+from dgchat.model_backend.logits_source import LlamaLogits
+from dgchat.model_backend.masked_diffusion import CanvasTemplate, MaskedSetup, drive, drive_batch, masked_denoiser
 from dgchat.model_backend.model_info import ModelInfo, inspect_header
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.model_backend.reference_sampler import ReferenceParams, reference_denoise
@@ -30,25 +31,15 @@ from dgchat.model_backend.reference_sampler import ReferenceParams, reference_de
 Message = dict[str, Any]
 
 
-class _ContextLogits:
-    """LogitsSource over a llama.cpp context: one full pass per call (no cache reuse)."""
-
-    def __init__(self, engine: DiffusionEngine) -> None:
-        self.engine = engine
-
-    def logits(self, sequence: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        ctx = self.engine._context_for(sequence.size)
-        ctx.clear()
-        return ctx.decode_tokens(sequence, np.arange(sequence.size, dtype=np.int32), outputs=rows)
-
-
 class DiffusionEngine:
-    def __init__(self, model: llamacpp.LlamaModel, info: ModelInfo, *, n_threads: int | None = None) -> None:
+    def __init__(self, model: llamacpp.LlamaModel, info: ModelInfo, *, n_threads: int | None = None,
+                 precise: bool = False) -> None:
         self.model = model
         self.info = info
         self.n_threads = n_threads
+        self.precise = precise  # f32 KV cache, no flash attention: for comparisons, slower
         self._ctx: llamacpp.LlamaContext | None = None
-        self._ctx_tokens = 0
+        self._ctx_shape = (0, 1, 0)  # tokens per sequence, sequences, tokens per decode
         self._pieces: dict[int, str] = {}
         self._lock = threading.Lock()  # one generation at a time per engine
         self._eog = model.eog_ids()
@@ -62,6 +53,7 @@ class DiffusionEngine:
         n_gpu_layers: int | None = None,
         n_threads: int | None = None,
         progress: Callable[[float], bool] | None = None,
+        precise: bool = False,
     ) -> DiffusionEngine:
         header = read_gguf_header(path)
         info = inspect_header(header)  # refuse unsupported models before llama.cpp loads anything
@@ -69,8 +61,8 @@ class DiffusionEngine:
         if info.family == "diffusion_gemma":
             from dgchat.model_backend.diffusion_gemma import DiffusionGemmaEngine
 
-            return DiffusionGemmaEngine(model, info, n_threads=n_threads)
-        return cls(model, info, n_threads=n_threads)
+            return DiffusionGemmaEngine(model, info, n_threads=n_threads, precise=precise)
+        return cls(model, info, n_threads=n_threads, precise=precise)
 
     def close(self) -> None:
         if self._ctx is not None:
@@ -151,19 +143,31 @@ class DiffusionEngine:
         return params
 
     # -- contexts -----------------------------------------------------------------------------
-    def _context_for(self, n_tokens: int) -> llamacpp.LlamaContext:
+    def _context_for(self, n_tokens: int, *, n_seq: int = 1, batch_tokens: int | None = None) -> llamacpp.LlamaContext:
+        """A context for sequences of up to `n_tokens` tokens, `n_seq` of them at once, and decode
+        calls of up to `batch_tokens` tokens (non-causal attention needs a batch in one ubatch)."""
         if n_tokens > self.n_ctx_max:
             raise ContextOverflowError(
                 f"the prompt and answer need {n_tokens} tokens but the model's context is {self.n_ctx_max}"
             )
-        if self._ctx is None or n_tokens > self._ctx_tokens:
+        batch_tokens = max(batch_tokens or n_tokens, n_tokens)
+        need = (n_tokens, n_seq, batch_tokens)
+        if self._ctx is None or any(a > b for a, b in zip(need, self._ctx_shape)):
             if self._ctx is not None:
                 self._ctx.close()
-            size = min(self.n_ctx_max, max(256, 1 << (int(n_tokens) - 1).bit_length()))
-            self._ctx = llamacpp.LlamaContext(self.model, n_ctx=size, max_tokens=size, n_threads=self.n_threads)
+            per_seq = min(self.n_ctx_max, max(256, 1 << (int(n_tokens) - 1).bit_length()))
+            max_tokens = max(per_seq, 1 << (int(batch_tokens) - 1).bit_length())
+            n_seq = max(n_seq, self._ctx_shape[1])
+            self._ctx = llamacpp.LlamaContext(self.model, n_ctx=per_seq * n_seq, max_tokens=max_tokens,
+                                              n_seq_max=n_seq, n_threads=self.n_threads, per_seq_ctx=per_seq,
+                                              exact_kv=self.precise)
             self._ctx.set_causal(False)
-            self._ctx_tokens = size
+            self._ctx_shape = (per_seq, n_seq, max_tokens)
         return self._ctx
+
+    @property
+    def _ctx_tokens(self) -> int:
+        return self._ctx_shape[0]
 
     def check_fits(self, prompt_tokens: int, params: DiffusionParams) -> None:
         need = prompt_tokens + int(params.max_tokens or params.gen_length)
@@ -185,19 +189,66 @@ class DiffusionEngine:
         params: DiffusionParams | None = None,
         *,
         cancel: threading.Event | None = None,
+        template: CanvasTemplate | None = None,
     ) -> Iterator[StepEvent | FinalEvent]:
-        """Stream events for one answer. Holding the engine lock: one generation at a time."""
+        """Stream events for one answer. One generation at a time per engine.
+
+        `template` (infill): the canvas is exactly these tokens, with the positions not marked
+        fixed to be filled in (masked diffusion) or denoised (uniform-state)."""
         params = self.resolve(params)
+        prompt_tokens = self._check_prompt(prompt_tokens, params, template)
+        with self._lock:
+            if params.mode == "reference":
+                if template is not None:
+                    raise InvalidParameterError("reference mode has no infill; use the default mode")
+                inner = self._generate_reference(prompt_tokens, params, cancel)
+            else:
+                inner = self._generate_masked(prompt_tokens, params, cancel, template)
+            yield from self._with_cancel(inner, cancel)
+
+    def generate_batch(
+        self,
+        prompts: Sequence[np.ndarray],
+        params: Sequence[DiffusionParams],
+        *,
+        cancel: threading.Event | None = None,
+        templates: Sequence[CanvasTemplate | None] | None = None,
+    ) -> Iterator[tuple[int, StepEvent | FinalEvent]]:
+        """Several answers at once (variants of a prompt, different prompts): every step of every
+        sequence is computed in one llama.cpp call. Yields (index, event); each index ends with a
+        FinalEvent. Same result per sequence as `generate` with the same parameters and seed."""
+        if len(prompts) != len(params):
+            raise InvalidParameterError("one parameter set per prompt")
+        templates = list(templates) if templates is not None else [None] * len(prompts)
+        resolved = [self.resolve(p) for p in params]
+        if any(p.mode == "reference" for p in resolved):
+            raise InvalidParameterError("reference mode runs one sequence at a time")
+        caches = {p.cache for p in resolved}
+        if len(caches) > 1:
+            raise InvalidParameterError("all sequences of a batch must use the same cache mode")
+        prompts = [self._check_prompt(t, p, tpl) for t, p, tpl in zip(prompts, resolved, templates)]
+        setup = MaskedSetup(self.info.mask_token, self._eog, self.info.shift_logits)
+        with self._lock:
+            source = LlamaLogits(self, cache=caches.pop(), n_seq=len(prompts))
+            denoisers = [
+                masked_denoiser(t, p, setup, n_vocab=self.model.n_vocab, cancel=cancel, template=tpl)
+                for t, p, tpl in zip(prompts, resolved, templates)
+            ]
+
+            def events():
+                for i, event in drive_batch(denoisers, source):
+                    yield i, (self._finish(event) if isinstance(event, FinalEvent) else event)
+
+            yield from self._with_cancel(events(), cancel)
+
+    def _check_prompt(self, prompt_tokens, params: DiffusionParams, template: CanvasTemplate | None) -> np.ndarray:
         prompt_tokens = np.asarray(prompt_tokens, dtype=np.int32)
         if prompt_tokens.size == 0:
             raise InvalidParameterError("the prompt is empty")
+        if template is not None:
+            params = replace(params, gen_length=int(template.tokens.size), max_tokens=int(template.tokens.size))
         self.check_fits(int(prompt_tokens.size), params)
-        with self._lock:
-            if params.mode == "reference":
-                inner = self._generate_reference(prompt_tokens, params, cancel)
-            else:
-                inner = self._generate_masked(prompt_tokens, params, cancel)
-            yield from self._with_cancel(inner, cancel)
+        return prompt_tokens
 
     def _with_cancel(self, events: Iterator, cancel: threading.Event | None) -> Iterator:
         """Forward the cancel flag into llama.cpp so a long decode aborts mid-way."""
@@ -227,16 +278,12 @@ class DiffusionEngine:
         return FinalEvent(text=text, tokens=final.tokens, stop_reason=final.stop_reason, stats=final.stats,
                           engine_label=self.label, extra=final.extra)
 
-    def _generate_masked(self, prompt: np.ndarray, params: DiffusionParams, cancel) -> Iterator:
+    def _generate_masked(self, prompt: np.ndarray, params: DiffusionParams, cancel, template=None) -> Iterator:
         setup = MaskedSetup(self.info.mask_token, self._eog, self.info.shift_logits)
-        from dgchat.model_backend.errors import GenerationCancelled
-
-        try:
-            for event in run_masked(_ContextLogits(self), prompt, params, setup, cancel=cancel, n_vocab=self.model.n_vocab):
-                yield self._finish(event) if isinstance(event, FinalEvent) else event
-        except GenerationCancelled:
-            stats = GenerationStats(prompt_tokens=int(prompt.size))
-            yield self._finish(FinalEvent("", np.empty(0, np.int32), "cancelled", stats))
+        source = LlamaLogits(self, cache=params.cache)
+        denoiser = masked_denoiser(prompt, params, setup, n_vocab=self.model.n_vocab, cancel=cancel, template=template)
+        for event in drive(denoiser, source):
+            yield self._finish(event) if isinstance(event, FinalEvent) else event
 
     def _generate_reference(self, prompt: np.ndarray, params: DiffusionParams, cancel) -> Iterator:
         """llama.cpp's examples/diffusion, token for token: one canvas, no early stop."""
@@ -274,7 +321,6 @@ class DiffusionEngine:
         canvas = Canvas.blank(L, self.info.mask_token)
         stop = "max_tokens"
         last_model = 0.0
-        from dgchat.model_backend.errors import GenerationCancelled
 
         try:
             for step in reference_denoise(prompt, ref, logits_fn, time.perf_counter):

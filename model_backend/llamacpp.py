@@ -92,6 +92,11 @@ class EngineInfo:
     def exact_diffusion_gemma(self) -> bool:
         return self.patch_level > 0
 
+    @property
+    def noncontiguous_positions(self) -> bool:
+        """Non-causal batches may sit between cached cells (engine/patches/0005), as the dual cache needs."""
+        return self.patch_level >= 2
+
 
 def engine_info() -> EngineInfo:
     lib = _llama.llama_cpp._lib
@@ -304,10 +309,12 @@ class LlamaContext:
         n_threads: int | None = None,
         swa_full: bool = True,
         exact_kv: bool = False,
+        per_seq_ctx: int | None = None,
     ) -> None:
-        if n_ctx > model.n_ctx_train > 0:
+        per_seq = per_seq_ctx or n_ctx
+        if per_seq > model.n_ctx_train > 0:
             raise ContextOverflowError(
-                f"{n_ctx} tokens needed but {model.path.name} supports at most {model.n_ctx_train}"
+                f"{per_seq} tokens needed but {model.path.name} supports at most {model.n_ctx_train}"
             )
         self.model = model
         params = _llama.llama_context_default_params()
@@ -319,6 +326,10 @@ class LlamaContext:
         params.n_threads = threads
         params.n_threads_batch = threads
         params.swa_full = swa_full
+        # one KV buffer for all sequences: llama.cpp then keeps a batch of several sequences in one
+        # ubatch (split_simple); per-sequence buffers split it into equal-length pieces, which
+        # would cut a sequence's non-causal attention apart
+        params.kv_unified = True
         params.no_perf = True
         if exact_kv:
             # f32 K/V and no flash attention: slower, but logits can be compared with a reference

@@ -1,20 +1,22 @@
 """The masked-diffusion generation loop (LLaDA, Dream, RND1, non-causal llama GGUFs).
 
 Readable top to bottom, like llama.cpp's examples/diffusion: for each canvas of the answer, for each
-block, for each step: get logits for the masked positions of the block, propose a token per position
-(sampling.propose), choose which positions to commit (schedule count, threshold, or factor),
-commit them, emit an event, and stop early once an end token has nothing undecided before it.
-A canvas that fills up without an end token is appended to the context and a new canvas starts,
-up to max_tokens.
+block, for each step: ask for the logits of the block's masked positions, propose a token per
+position (sampling.propose), choose which positions to commit (schedule count, threshold, factor,
+or random transfer), commit them, emit an event, and stop early once an end token has nothing
+undecided before it. A canvas that fills up without an end token is appended to the context and a
+new canvas starts, up to max_tokens.
 
-The model is reached only through a `LogitsSource`, so the loop runs in tests on synthetic logits.
+The loop is a coroutine: it *yields* a `LogitsRequest` and is *sent* the logits back. It never
+touches the model, so it runs in tests on synthetic logits, and a driver can batch the requests of
+several sequences into one llama.cpp call (`drive_batch`).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,13 +24,29 @@ import numpy as np
 
 from dgchat.model_backend import sampling, schedules
 from dgchat.model_backend.canvas import Canvas, Cell
+from dgchat.model_backend.errors import GenerationCancelled
 from dgchat.model_backend.events import FinalEvent, GenerationStats, StepEvent, StepTiming
 from dgchat.model_backend.params import DiffusionParams
 
 
+@dataclass(frozen=True)
+class LogitsRequest:
+    """Logits of `sequence` (one full non-causal view of it) at sequence positions `rows`.
+
+    `block` is the [start, end) range of sequence positions the sampler is working on and
+    `block_start` says whether this is the block's first step: cache-reusing sources refresh their
+    cache then, and may recompute only the block on later steps."""
+
+    sequence: np.ndarray
+    rows: np.ndarray
+    block: tuple[int, int]
+    block_start: bool
+
+
 class LogitsSource(Protocol):
-    def logits(self, sequence: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """Logits of `sequence` (a full non-causal pass) at sequence positions `rows`, shape (len(rows), V)."""
+    def logits(self, request: LogitsRequest) -> np.ndarray: ...
+
+    def batch_logits(self, requests: Sequence[LogitsRequest]) -> list[np.ndarray]: ...
 
 
 @dataclass(frozen=True)
@@ -36,6 +54,15 @@ class MaskedSetup:
     mask_token: int
     eog_tokens: np.ndarray  # ids that end an answer
     shift_logits: bool  # Dream: position i is predicted from row i - 1
+
+
+@dataclass(frozen=True)
+class CanvasTemplate:
+    """A canvas with given text (infill): `tokens[i]` is kept where `fixed[i]`, masked elsewhere.
+    The answer is exactly this canvas: no early stop, no continuation canvases."""
+
+    tokens: np.ndarray
+    fixed: np.ndarray
 
 
 def first_end(canvas: Canvas, is_eog: np.ndarray) -> int | None:
@@ -48,18 +75,21 @@ def first_end(canvas: Canvas, is_eog: np.ndarray) -> int | None:
     return k if bool(decided[:k].all()) else None
 
 
-def run_masked(
-    source: LogitsSource,
+Denoiser = Generator["LogitsRequest | StepEvent | FinalEvent", "np.ndarray | None", None]
+
+
+def masked_denoiser(
     prompt: np.ndarray,
     params: DiffusionParams,
     setup: MaskedSetup,
     *,
-    cancel: threading.Event | None = None,
     n_vocab: int,
-) -> Iterator[StepEvent | FinalEvent]:
-    """Generate an answer to `prompt` (token ids). `params` must be resolved (no None fields used)."""
-    L = int(params.gen_length)
-    max_tokens = int(params.max_tokens or L)
+    cancel: threading.Event | None = None,
+    template: CanvasTemplate | None = None,
+) -> Denoiser:
+    """Generate an answer to `prompt` (token ids). `params` must be resolved (engine.resolve)."""
+    L = int(template.tokens.size if template is not None else params.gen_length)
+    max_tokens = L if template is not None else int(params.max_tokens or L)
     rng = np.random.default_rng(params.seed)
     is_eog = np.zeros(n_vocab, dtype=bool)
     is_eog[setup.eog_tokens] = True
@@ -68,13 +98,17 @@ def run_masked(
     context = prompt.astype(np.int32)
     answer: list[np.ndarray] = []
     stop = "max_tokens"
-    block_list = schedules.blocks(L, params.block_length)
+    block_list = schedules.blocks(L, params.block_length if template is None else None)
     adaptive = params.threshold is not None or params.factor is not None
     steps_per_block = max(1, int(params.steps) // len(block_list))
+    early_stop = params.early_stop and template is None
     cancelled = False
 
     for canvas_index in range((max_tokens + L - 1) // L):
         canvas = Canvas.blank(L, setup.mask_token)
+        if template is not None:
+            canvas.tokens[template.fixed] = template.tokens[template.fixed]
+            canvas.state[template.fixed] = Cell.FIXED
         base = context.size  # sequence position of canvas position 0
         canvas_step = 0
         planned = steps_per_block * len(block_list)
@@ -95,16 +129,20 @@ def run_masked(
                 sequence = np.concatenate([context, canvas.tokens])
                 rows = base + candidates - (1 if setup.shift_logits else 0)
                 t0 = time.perf_counter()
-                logits = source.logits(sequence, rows)
-                if params.cfg_scale > 0:
-                    logits = np.array(logits, copy=True)
-                    uncond_seq = sequence.copy()
-                    uncond_seq[: prompt.size] = setup.mask_token
-                    uncond = source.logits(uncond_seq, rows)
-                    logits = uncond + np.float32(params.cfg_scale + 1.0) * (logits - uncond)
+                block = (base + b_start, base + b_end)
+                try:
+                    logits = yield LogitsRequest(sequence, rows, block, step == 0)
+                    if params.cfg_scale > 0:
+                        uncond_seq = sequence.copy()
+                        uncond_seq[: prompt.size] = setup.mask_token
+                        cond = np.array(logits, copy=True)
+                        uncond = yield LogitsRequest(uncond_seq, rows, block, step == 0)
+                        logits = uncond + np.float32(params.cfg_scale + 1.0) * (cond - uncond)
+                except GenerationCancelled:  # the decode in flight was aborted
+                    cancelled = True
+                    break
                 t1 = time.perf_counter()
                 # never propose the mask token itself (the reference samplers can; it only wastes a step)
-                logits = np.array(logits, copy=True) if not logits.flags.writeable else logits
                 logits[:, setup.mask_token] = -np.inf
                 proposal = sampling.propose(
                     logits,
@@ -124,7 +162,7 @@ def run_masked(
                     else:
                         n = schedules.timestep_transfer_count(step, steps_per_block, int(candidates.size), params.eps or 0.0)
                     if params.algorithm == "origin":
-                        # random transfer: each masked position independently, with the scheduled rate
+                        # random transfer: each masked position independently, at the scheduled rate
                         rate = n / candidates.size
                         picked = np.flatnonzero(rng.random(candidates.size) < rate)
                     else:
@@ -135,7 +173,7 @@ def run_masked(
                 t2 = time.perf_counter()
                 stats.model_s += t1 - t0
                 stats.sampler_s += t2 - t1
-                if params.early_stop:
+                if early_stop:
                     end_at = first_end(canvas, is_eog)
                 yield StepEvent(
                     step=stats.steps,
@@ -153,12 +191,16 @@ def run_masked(
                     break
         canvas.settle()
         stats.canvases += 1
+        if template is not None:
+            answer.append(canvas.tokens.copy())
+            stop = "cancelled" if cancelled else "complete"
+            break
         if cancelled:
             decided = canvas.tokens[: _decided_prefix(canvas)]
             answer.append(decided[~is_eog[decided]] if decided.size else decided)
             stop = "cancelled"
             break
-        if end_at is None and not params.early_stop:
+        if end_at is None:
             end_at = first_end(canvas, is_eog)
         if end_at is not None:
             answer.append(canvas.tokens[:end_at].copy())
@@ -173,6 +215,66 @@ def run_masked(
     stats.tokens = int(tokens.size)
     stats.elapsed_s = time.perf_counter() - t_start
     yield FinalEvent(text="", tokens=tokens, stop_reason=stop, stats=stats)
+
+
+def drive(denoiser: Denoiser, source: LogitsSource) -> Iterator[StepEvent | FinalEvent]:
+    """Run one denoiser, answering its logits requests from `source`."""
+    message = next(denoiser)
+    while True:
+        if isinstance(message, LogitsRequest):
+            try:
+                logits = source.logits(message)
+            except GenerationCancelled as exc:
+                message = denoiser.throw(exc)
+            else:
+                message = denoiser.send(logits)
+            continue
+        yield message
+        if isinstance(message, FinalEvent):
+            return
+        message = next(denoiser)
+
+
+def drive_batch(denoisers: list[Denoiser], source: LogitsSource) -> Iterator[tuple[int, StepEvent | FinalEvent]]:
+    """Run several denoisers in lock-step: each round, every unfinished one gets its logits from
+    one batched call. Yields (index, event)."""
+    pending: dict[int, object] = {i: next(d) for i, d in enumerate(denoisers)}
+    while pending:
+        # let every denoiser run until it asks for logits or finishes
+        for i in list(pending):
+            message = pending[i]
+            while not isinstance(message, LogitsRequest):
+                yield i, message
+                if isinstance(message, FinalEvent):
+                    del pending[i]
+                    break
+                message = next(denoisers[i])
+            else:
+                pending[i] = message
+        if not pending:
+            return
+        order = list(pending)
+        try:
+            results = source.batch_logits([pending[i] for i in order])
+        except GenerationCancelled as exc:
+            for i in order:
+                pending[i] = denoisers[i].throw(exc)
+            continue
+        for i, logits in zip(order, results):
+            pending[i] = denoisers[i].send(logits)
+
+
+def run_masked(
+    source: LogitsSource,
+    prompt: np.ndarray,
+    params: DiffusionParams,
+    setup: MaskedSetup,
+    *,
+    cancel: threading.Event | None = None,
+    n_vocab: int,
+    template: CanvasTemplate | None = None,
+) -> Iterator[StepEvent | FinalEvent]:
+    return drive(masked_denoiser(prompt, params, setup, n_vocab=n_vocab, cancel=cancel, template=template), source)
 
 
 def _decided_prefix(canvas: Canvas) -> int:

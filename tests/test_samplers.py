@@ -103,7 +103,11 @@ class ScriptedLogits:
         self.prompt_len, self.script, self.shift = prompt_len, script, shift
         self.calls: list[tuple[np.ndarray, np.ndarray]] = []
 
-    def logits(self, sequence: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    def batch_logits(self, requests):
+        return [self.logits(r) for r in requests]
+
+    def logits(self, request) -> np.ndarray:
+        sequence, rows = request.sequence, request.rows
         self.calls.append((sequence.copy(), rows.copy()))
         out = np.zeros((rows.size, V), np.float32)
         for i, r in enumerate(rows):
@@ -191,7 +195,8 @@ def test_cfg_combines_conditional_and_unconditional() -> None:
         def __init__(self):
             self.seqs = []
 
-        def logits(self, sequence, rows):
+        def logits(self, request):
+            sequence, rows = request.sequence, request.rows
             self.seqs.append(sequence.copy())
             out = np.zeros((rows.size, V), np.float32)
             # conditional pass (prompt visible) prefers 3, unconditional prefers 4 more weakly

@@ -1,0 +1,97 @@
+"""Answers the samplers' logits requests with llama.cpp, reusing the KV cache where it may.
+
+Cache modes (architectures with KV memory only; llada/dream/rnd1 GGUFs have none and always run
+the whole sequence):
+- "none":   every step runs the whole sequence (exact, the reference computation).
+- "prefix": Fast-dLLM's prefix cache. The first step of a block runs the whole sequence and keeps
+            the KV cells before the block; later steps of the block run only the block against
+            that cached prefix, and the block's cells are dropped after each step. The suffix after
+            the block is not seen on those steps.
+- "dual":   like prefix, but the cells after the block (the masked suffix) stay cached too.
+The first step of every block is always a full pass, so its logits equal the "none" mode's.
+Several requests (sequences) are answered with one llama_decode, one sequence id each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dgchat.model_backend.errors import InvalidParameterError
+from dgchat.model_backend.llamacpp import engine_info
+from dgchat.model_backend.masked_diffusion import LogitsRequest
+
+if TYPE_CHECKING:
+    from dgchat.model_backend.engine import DiffusionEngine
+
+
+class LlamaLogits:
+    def __init__(self, engine: DiffusionEngine, cache: str = "none", n_seq: int = 1) -> None:
+        self.engine = engine
+        self.cache = cache if engine.info.has_kv_memory else "none"
+        if self.cache == "dual" and not engine_info().noncontiguous_positions:
+            # stock llama.cpp requires each batch to continue its sequence's cached positions
+            raise InvalidParameterError(
+                "--cache dual needs dgchat's patched llama.cpp (README's install command); "
+                "this llama-cpp-python is a stock build: use --cache prefix"
+            )
+        self.n_seq = n_seq
+        self._fresh = True
+
+    def _ctx(self, total_tokens: int, longest: int):
+        return self.engine._context_for(longest, n_seq=self.n_seq, batch_tokens=total_tokens)
+
+    def logits(self, request: LogitsRequest) -> np.ndarray:
+        return self.batch_logits([request])[0]
+
+    def batch_logits(self, requests: Sequence[LogitsRequest]) -> list[np.ndarray]:
+        plans = [self._plan(i, r) for i, r in enumerate(requests)]
+        total = sum(p[1].size for p in plans)
+        longest = max(r.sequence.size for r in requests)
+        ctx = self._ctx(total, longest)
+        if self._fresh:
+            ctx.clear()  # nothing from an earlier generation may leak into this one
+            self._fresh = False
+        tokens = np.concatenate([p[1] for p in plans])
+        positions = np.concatenate([p[2] for p in plans])
+        seq_ids = np.concatenate([np.full(p[1].size, i, np.int32) for i, p in enumerate(plans)])
+        offsets = np.cumsum([0] + [p[1].size for p in plans])
+        outputs = np.concatenate([offsets[i] + p[3] for i, p in enumerate(plans)])
+        for i, (drop_before, *_rest) in enumerate(plans):
+            if drop_before is not None:
+                ctx.seq_rm(i, drop_before)
+        rows = ctx.decode_tokens(tokens, positions, seq_ids=seq_ids, outputs=outputs)
+        # rows come back in batch order for the requested outputs: split them per request
+        starts = np.cumsum([0] + [p[3].size for p in plans])
+        results = [rows[starts[i]:starts[i + 1]] for i in range(len(plans))]
+        for i, (req, plan) in enumerate(zip(requests, plans)):
+            self._after(ctx, i, req, plan)
+        return results
+
+    def _plan(self, seq: int, req: LogitsRequest):
+        """(remove cells from this position first, tokens to decode, their positions, output indices)."""
+        b_start, b_end = req.block
+        lo = int(min(b_start, req.rows.min())) if req.rows.size else b_start
+        full = self.cache == "none" or req.block_start
+        if full:
+            positions = np.arange(req.sequence.size, dtype=np.int32)
+            return 0, req.sequence, positions, req.rows.astype(np.int64)
+        positions = np.arange(lo, b_end, dtype=np.int32)
+        return None, req.sequence[lo:b_end], positions, (req.rows - lo).astype(np.int64)
+
+    def _after(self, ctx, seq: int, req: LogitsRequest, plan) -> None:
+        if self.cache == "none":
+            if ctx.has_memory:
+                ctx.seq_rm(seq, 0)
+            return
+        b_start, b_end = req.block
+        lo = int(min(b_start, req.rows.min())) if req.rows.size else b_start
+        if self.cache == "prefix":
+            ctx.seq_rm(seq, lo)  # keep [0, lo)
+        else:  # dual
+            ctx.seq_rm(seq, lo, b_end)  # keep the prefix and the suffix after the block
+
+    def reset(self) -> None:
+        self._fresh = True

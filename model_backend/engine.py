@@ -23,7 +23,14 @@ from dgchat.model_backend.errors import ContextOverflowError, GenerationCancelle
 from dgchat.model_backend.events import FinalEvent, GenerationStats, StepEvent, StepTiming
 from dgchat.model_backend.gguf_file import read_gguf_header
 from dgchat.model_backend.logits_source import LlamaLogits
-from dgchat.model_backend.masked_diffusion import CanvasTemplate, MaskedSetup, drive, drive_batch, masked_denoiser
+from dgchat.model_backend.masked_diffusion import (
+    CanvasTemplate,
+    LogitsRequest,
+    MaskedSetup,
+    drive,
+    drive_batch,
+    masked_denoiser,
+)
 from dgchat.model_backend.model_info import ModelInfo, inspect_header
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.model_backend.reference_sampler import ReferenceParams, reference_denoise
@@ -249,6 +256,33 @@ class DiffusionEngine:
             params = replace(params, gen_length=int(template.tokens.size), max_tokens=int(template.tokens.size))
         self.check_fits(int(prompt_tokens.size), params)
         return prompt_tokens
+
+    def pseudo_log_likelihood(self, context: np.ndarray, answer: np.ndarray, *, groups: int = 4) -> np.ndarray:
+        """Per-token log p(answer_i | context, the rest of the answer), the model's own score of a text.
+
+        Exactly: the answer positions are split into `groups` interleaved groups (i mod groups);
+        for each group one non-causal pass runs with that group's positions masked, and the
+        log-softmax of the true token is read at each masked position. With groups == len(answer)
+        this is the pseudo-log-likelihood of masked LMs; fewer groups trade accuracy for passes."""
+        context = np.asarray(context, dtype=np.int32)
+        answer = np.asarray(answer, dtype=np.int32)
+        out = np.zeros(answer.size, dtype=np.float64)
+        if answer.size == 0:
+            return out
+        seq = np.concatenate([context, answer])
+        shift = 1 if self.info.shift_logits else 0
+        with self._lock:
+            source = LlamaLogits(self, cache="none")
+            for g in range(min(groups, answer.size)):
+                idx = np.arange(g, answer.size, groups)
+                masked = seq.copy()
+                masked[context.size + idx] = self.info.mask_token
+                rows = context.size + idx - shift
+                logits = source.logits(LogitsRequest(masked, rows, (context.size, seq.size), True)).astype(np.float64)
+                m = logits.max(axis=1, keepdims=True)
+                logz = m[:, 0] + np.log(np.exp(logits - m).sum(axis=1))
+                out[idx] = logits[np.arange(idx.size), answer[idx]] - logz
+        return out
 
     def _with_cancel(self, events: Iterator, cancel: threading.Event | None) -> Iterator:
         """Forward the cancel flag into llama.cpp so a long decode aborts mid-way."""

@@ -66,65 +66,98 @@ class ReferenceStep:
     sampler_seconds: float
 
 
-def _row_candidates(row: np.ndarray, p: ReferenceParams) -> tuple[np.ndarray, np.ndarray, bool]:
-    """Apply the chain's top-k, top-p and temperature stages to one row.
-    Returns (token ids, logits, sorted) in llama.cpp's candidate order."""
-    ids = np.arange(row.shape[0], dtype=np.int32)
-    logits = row.astype(np.float32, copy=True)
+_CHUNK_ELEMENTS = 1 << 22  # rows are processed in chunks of about this many logits (memory bound)
+
+
+@dataclass
+class _Sampled:
+    tokens: np.ndarray  # (n,) chosen token ids
+    probs: np.ndarray  # (n, C) normalised probabilities in llama.cpp's candidate order (0 past the cut)
+    sel: np.ndarray  # (n,) index of the chosen candidate
+    size: np.ndarray  # (n,) number of candidates left after top-k / top-p
+
+
+def _sample_rows(rows: np.ndarray, p: ReferenceParams, rnds: np.ndarray) -> _Sampled:
+    """The sampler chain (top-k, top-p, temperature, dist) applied to each row, vectorised.
+
+    Candidate order, float/double arithmetic and the dist draw follow llama-sampler.cpp: top-k and
+    top-p leave the candidates sorted by logit; softmax in top-p sums floats in order; dist takes
+    expf(l - max) as floats, sums them in double and picks the first candidate whose running sum
+    reaches sum * u. Candidates cut by top-p are kept as -inf (probability 0), which changes none
+    of those sums."""
+    n, V = rows.shape
+    logits = rows.astype(np.float32, copy=True)
+    ids: np.ndarray | None = None
     is_sorted = False
+    size = np.full(n, V, dtype=np.int64)
     if p.top_k > 0:
-        k = min(p.top_k, logits.shape[0])
-        order = np.argsort(-logits, kind="stable")[:k]
-        ids, logits, is_sorted = ids[order], logits[order], True
+        k = min(p.top_k, V)
+        order = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+        ids, logits, is_sorted = order, np.take_along_axis(logits, order, axis=1), True
+        size[:] = k
     if p.top_p < 1.0:
-        # softmax without sorting, float accumulation, as llama_sampler_softmax_impl
-        m = logits.max()
+        m = logits.max(axis=1, keepdims=True)
         probs = np.exp((logits - m).astype(np.float64)).astype(np.float32)
-        probs = probs / np.cumsum(probs, dtype=np.float32)[-1]
+        probs = probs / np.cumsum(probs, axis=1, dtype=np.float32)[:, -1:]
         if not is_sorted:
-            order = np.argsort(-logits, kind="stable")
-            ids, logits, probs = ids[order], logits[order], probs[order]
+            order = np.argsort(-logits, axis=1, kind="stable")
+            ids = order
+            logits = np.take_along_axis(logits, order, axis=1)
+            probs = np.take_along_axis(probs, order, axis=1)
             is_sorted = True
-        cum = np.cumsum(probs, dtype=np.float32)
-        hit = np.flatnonzero(cum >= np.float32(p.top_p))
-        last = int(hit[0]) + 1 if hit.size else logits.shape[0]
-        ids, logits = ids[:last], logits[:last]
+        hit = np.cumsum(probs, axis=1, dtype=np.float32) >= np.float32(p.top_p)
+        last = np.where(hit.any(axis=1), hit.argmax(axis=1) + 1, logits.shape[1])
+        logits = np.where(np.arange(logits.shape[1])[None, :] < last[:, None], logits, -np.inf).astype(np.float32)
+        size = last.astype(np.int64)
     if p.temperature > 0.0:
         logits = logits / np.float32(p.temperature)
-    return ids, logits, is_sorted
+    max_l = logits[:, :1] if is_sorted else logits.max(axis=1, keepdims=True)
+    unnorm = np.exp((logits - max_l).astype(np.float64)).astype(np.float32)
+    cum = np.cumsum(unnorm.astype(np.float64), axis=1)
+    total = cum[:, -1]
+    sel = np.sum(cum < (total * rnds)[:, None], axis=1)
+    sel = np.minimum(sel, size - 1)
+    probs = (unnorm.astype(np.float64) / total[:, None]).astype(np.float32)
+    one = size == 1  # dist does not compute probabilities for a single candidate: p = 1
+    if one.any():
+        probs[one] = 0.0
+        probs[one, 0] = 1.0
+        sel[one] = 0
+    tokens = sel if ids is None else np.take_along_axis(ids, sel[:, None], axis=1)[:, 0]
+    return _Sampled(tokens.astype(np.int32), probs, sel, size)
+
+
+def _sample_chunked(logits: np.ndarray, row_index: np.ndarray, p: ReferenceParams, rnds: np.ndarray,
+                    algorithm: str, rng: CxxMt19937) -> tuple[np.ndarray, np.ndarray]:
+    """Sample the rows `row_index` of `logits`; returns (tokens, confidences) in order."""
+    n = row_index.size
+    tokens = np.empty(n, dtype=np.int32)
+    conf = np.empty(n, dtype=np.float32)
+    if algorithm == "random":  # drawn from the example's rng, one per position, in order
+        conf[:] = rng.uniform_float(n)
+    step = max(1, _CHUNK_ELEMENTS // max(1, logits.shape[1]))
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        s = _sample_rows(logits[row_index[a:b]], p, rnds[a:b])
+        tokens[a:b] = s.tokens
+        idx = np.arange(b - a)
+        if algorithm in ("confidence", "origin"):
+            conf[a:b] = s.probs[idx, s.sel]
+        elif algorithm == "entropy":  # llama.cpp returns -sum p log p: *highest* entropy first
+            terms = (s.probs * np.log(s.probs + np.float32(1e-10))).astype(np.float32)
+            conf[a:b] = -np.cumsum(terms, axis=1, dtype=np.float32)[:, -1]
+        elif algorithm == "margin":  # candidates 0 and 1 in candidate order
+            conf[a:b] = np.where(s.size > 1, s.probs[:, 0] - s.probs[:, min(1, s.probs.shape[1] - 1)], s.probs[:, 0])
+        elif algorithm != "random":
+            raise InvalidParameterError(f"unknown algorithm {algorithm!r}")
+    return tokens, conf
 
 
 def _dist_probs(logits: np.ndarray, is_sorted: bool) -> tuple[np.ndarray, np.ndarray]:
-    """llama_sampler_dist's softmax: float exp, double running sum. Returns (p_unnormalised, cumsum)."""
+    """llama_sampler_dist's softmax on one row: float exp, double running sum."""
     max_l = logits[0] if is_sorted else logits.max()
     p = np.exp((logits - max_l).astype(np.float64)).astype(np.float32)
     return p, np.cumsum(p.astype(np.float64))
-
-
-def _sample_row(row: np.ndarray, p: ReferenceParams, rnd: float) -> tuple[int, np.ndarray, int]:
-    """One application of the sampler chain. Returns (token, normalised probs, selected index)."""
-    ids, logits, is_sorted = _row_candidates(row, p)
-    if ids.shape[0] == 1:
-        return int(ids[0]), np.ones(1, dtype=np.float32), 0
-    unnorm, cum = _dist_probs(logits, is_sorted)
-    total = cum[-1]
-    sel = int(np.searchsorted(cum, total * rnd, side="left"))
-    sel = min(sel, ids.shape[0] - 1)
-    probs = (unnorm.astype(np.float64) / total).astype(np.float32)
-    return int(ids[sel]), probs, sel
-
-
-def _confidence(probs: np.ndarray, sel: int, algorithm: str, rng: CxxMt19937) -> float:
-    if algorithm in ("confidence", "origin"):
-        return float(probs[sel])
-    if algorithm == "entropy":
-        terms = (probs * np.log(probs + np.float32(1e-10))).astype(np.float32)
-        return float(-np.cumsum(terms, dtype=np.float32)[-1])
-    if algorithm == "margin":
-        return float(probs[0] - probs[1]) if probs.shape[0] > 1 else float(probs[0])
-    if algorithm == "random":
-        return float(rng.uniform_float(1)[0])
-    raise InvalidParameterError(f"unknown algorithm {algorithm!r}")
 
 
 def _transfer_count(step: int, total: int, remaining: int, p: ReferenceParams, schedule: list[int]) -> int:
@@ -193,32 +226,23 @@ def reference_denoise(
                 noise = np.power(-np.log(u), p.temperature)
                 row0[:] = (np.exp(row0.astype(np.float64)).astype(np.float32) / noise).astype(np.float32)
 
-            def row_for(pos: int) -> np.ndarray:
-                if p.shift_logits:
-                    return logits[0] if pos == 0 else logits[pos - 1]
-                return logits[pos]
+            rows_of = mask_pos - 1 if p.shift_logits else mask_pos.copy()
+            if p.shift_logits:
+                rows_of[mask_pos == 0] = 0
 
             n_transfer = _transfer_count(step, steps_per_block, int(mask_pos.size), p, schedule)
             committed: list[int] = []
             confs: list[float] = []
             if algorithm == "origin":
                 p_transfer = np.float32(n_transfer) / np.float32(mask_pos.size)
-                draws = rng.uniform_float(int(mask_pos.size))
-                chosen = mask_pos[draws < p_transfer]
+                chosen = np.flatnonzero(rng.uniform_float(int(mask_pos.size)) < p_transfer)
                 rnds = chain_rng.uniform_double(int(chosen.size))
-                for pos, rnd in zip(chosen, rnds):
-                    tok, probs, sel = _sample_row(row_for(int(pos)), p, float(rnd))
-                    out[pos] = tok
-                    committed.append(int(pos))
-                    confs.append(float(probs[sel]))
+                tokens, conf = _sample_chunked(logits, rows_of[chosen], p, rnds, "origin", rng)
+                out[mask_pos[chosen]] = tokens
+                committed, confs = mask_pos[chosen].tolist(), conf.tolist()
             else:
                 rnds = chain_rng.uniform_double(int(mask_pos.size))
-                sampled = np.empty(mask_pos.size, dtype=np.int32)
-                conf = np.empty(mask_pos.size, dtype=np.float32)
-                for i, pos in enumerate(mask_pos):
-                    tok, probs, sel = _sample_row(row_for(int(pos)), p, float(rnds[i]))
-                    sampled[i] = tok
-                    conf[i] = _confidence(probs, sel, algorithm, rng)
+                sampled, conf = _sample_chunked(logits, rows_of, p, rnds, algorithm, rng)
                 if n_transfer > 0:
                     n = min(n_transfer, int(mask_pos.size))
                     if p.alg_temp == 0.0:

@@ -62,6 +62,6 @@ def test_same_tokens_as_llama_cpp(harness: Path, llada_gguf: Path, dream_gguf: P
     mask = engine.info.mask_token
     # the run really filled the canvas. Not always every position: llama.cpp can sample the mask token
     # itself, and with alg_temp draw a position twice in one step; reference mode keeps both quirks.
-    assert float(np.mean(theirs[prompt.size:] != mask)) > 0.8
+    assert float(np.mean(theirs[prompt.size:] != mask)) > 0.5
     assert len(set(theirs[prompt.size:].tolist())) > 1 or cfg.get("top_k") == 1
     np.testing.assert_array_equal(ours, theirs)

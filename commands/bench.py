@@ -1,0 +1,340 @@
+"""`dgchat bench`: speed and quality of every decoding configuration, side by side in one run.
+
+Every (configuration, answer length, concurrency) runs in a fresh child process (so peak RSS is
+that run's own), on the same model, prompts and seeds. Answers have exactly the requested length
+(early stop off, continuation canvases on), so tokens/s compare like with like.
+
+Quality figures, per run:
+- agreement: the fraction of answer positions whose token equals reference mode's answer to the
+  same prompt (reference = llama.cpp's sampler, full recompute, one token per step, greedy);
+- model score: the mean pseudo-log-likelihood per answer token under the model itself
+  (`DiffusionEngine.pseudo_log_likelihood`, 4 interleaved groups masked one group per pass; for
+  DiffusionGemma the causal encoder's log-likelihood of the answer). Higher is better.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from dgchat.commands.common import add_common, add_model_args, resolve_model_path
+from dgchat.model_backend.errors import InvalidParameterError
+
+PROMPTS = [
+    "Write the opening lines of a scene where a guard stops a traveller at the city gate at night.",
+    "Explain briefly why the sky is blue.",
+    "Describe a market square on a busy morning.",
+    "Tell a short story about a dragon who is afraid of the dark.",
+]
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    params: dict[str, Any]
+    steps_per_token: float = 1.0  # steps = round(length * steps_per_token)
+    batchable: bool = True
+
+
+def masked_configs(block: int, dual_ok: bool) -> list[Config]:
+    greedy = dict(temperature=0.0, algorithm="confidence")
+    configs = [
+        Config("reference", dict(mode="reference", eps=1e-3, top_k=1, temperature=0.0), batchable=False),
+        Config("dgchat", dict(block_length=block, **greedy)),
+        Config("dgchat steps/2", dict(block_length=block, **greedy), steps_per_token=0.5),
+        Config("dgchat steps/4", dict(block_length=block, **greedy), steps_per_token=0.25),
+        Config("prefix cache", dict(block_length=block, cache="prefix", **greedy)),
+    ]
+    if dual_ok:
+        configs.append(Config("dual cache", dict(block_length=block, cache="dual", **greedy)))
+    for tau in (0.7, 0.8, 0.9, 0.95):
+        configs.append(Config(f"threshold {tau}", dict(block_length=block, threshold=tau, **greedy)))
+        configs.append(Config(f"prefix + threshold {tau}", dict(block_length=block, threshold=tau, cache="prefix", **greedy)))
+        if dual_ok:
+            configs.append(Config(f"dual + threshold {tau}", dict(block_length=block, threshold=tau, cache="dual", **greedy)))
+    return configs
+
+
+def dg_configs() -> list[Config]:
+    return [
+        Config("entropy-bound (defaults)", dict()),
+        Config("entropy-bound 0.5", dict(entropy_bound=0.5)),
+        Config("entropy-bound 2.0", dict(entropy_bound=2.0)),
+        Config("steps 24", dict(steps=24)),
+        Config("steps 12", dict(steps=12)),
+        Config("autoregressive", dict(autoregressive=True), batchable=False),
+    ]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="measure speed and quality of decoding configurations",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common(p)
+    add_model_args(p)
+    p.add_argument("--lengths", default="64,256,1024", help="answer lengths in tokens (comma separated)")
+    p.add_argument("--prompt-tokens", type=int, default=256, help="prompt length (prompts are padded/cut to it)")
+    p.add_argument("--prompts", type=int, default=1, help="how many of the fixed prompts to run per setting")
+    p.add_argument("--concurrency", default="1,4,16", help="concurrent sequences (one batched decode)")
+    p.add_argument("--canvas", type=int, default=None, help="canvas length (default: the model's)")
+    p.add_argument("--configs", default=None, help="only configurations whose name contains one of these (comma separated)")
+    p.add_argument("--out", default="bench-results", help="folder for results.json and chart.png")
+    p.add_argument("--compare-cli", metavar="PATH", help="also time llama.cpp's llama-diffusion-cli on the same GGUF")
+    p.add_argument("--no-quality", action="store_true", help="skip the model-score passes")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InvalidParameterError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.worker:
+        print(json.dumps(_worker(json.loads(args.worker))))
+        return 0
+    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.llamacpp import engine_info
+
+    model = resolve_model_path(args.model)
+    lengths = _ints(args.lengths)
+    concurrency = _ints(args.concurrency)
+    with DiffusionEngine.load(model, n_gpu_layers=args.n_gpu_layers) as engine:
+        info = engine.info
+        canvas = args.canvas or int(engine.resolve().gen_length or 256)
+        prompt_sets = [_fit_prompt(engine, text, args.prompt_tokens) for text in PROMPTS[: args.prompts]]
+    if info.uniform_state:
+        configs = dg_configs()
+    else:
+        block = min(32, canvas)
+        configs = masked_configs(block, info.has_kv_memory and engine_info().noncontiguous_positions)
+        if not info.has_kv_memory:
+            configs = [c for c in configs if "cache" not in c.name]
+    if args.configs:
+        wanted = [w.strip() for w in args.configs.split(",")]
+        configs = [c for c in configs if any(w in c.name for w in wanted) or c.name == "reference"]
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results: list[dict[str, Any]] = []
+    references: dict[tuple[int, int], list[int]] = {}
+    print(f"model {model.name} ({info.architecture}, {'uniform-state' if info.uniform_state else 'masked'}), "
+          f"canvas {canvas}, prompt {args.prompt_tokens} tokens, engine {engine_info()}")
+    header = (f"{'configuration':28} {'len':>5} {'conc':>4} {'tok/s':>9} {'speedup':>7} {'steps':>6} {'tok/step':>8} "
+              f"{'ms/step':>8} {'llama.cpp':>9} {'sampler':>8} {'RSS MB':>7} {'agree':>6} {'score':>7}")
+    print(header)
+    for length in lengths:
+        baseline = None
+        for config in configs:
+            for conc in concurrency:
+                if conc > 1 and not config.batchable:
+                    continue
+                per_canvas = length if config.name == "reference" else min(canvas, length)
+                job = dict(model=str(model), params=config.params, length=length, canvas=canvas,
+                           steps=max(1, round(per_canvas * config.steps_per_token)), concurrency=conc,
+                           prompts=prompt_sets, quality=not args.no_quality, threads=args.threads,
+                           n_gpu_layers=args.n_gpu_layers, uniform=info.uniform_state)
+                res = _run_child(job)
+                res.update(configuration=config.name, length=length, concurrency=conc)
+                if config.name == "reference" or (info.uniform_state and config is configs[0]):
+                    for i, toks in enumerate(res["answers"]):
+                        references[(length, i)] = toks
+                if conc == 1 and baseline is None:
+                    baseline = res["tokens_per_s"]
+                agree = [
+                    _agreement(toks, references[(length, i % len(prompt_sets))])
+                    for i, toks in enumerate(res["answers"]) if (length, i % len(prompt_sets)) in references
+                ]
+                res["agreement"] = round(sum(agree) / len(agree), 4) if agree else None
+                res["speedup_vs_reference"] = round(res["tokens_per_s"] / baseline, 3) if baseline else None
+                results.append(res)
+                print(_row(res))
+                sys.stdout.flush()
+    cli = None
+    if args.compare_cli:
+        cli = _compare_cli(Path(args.compare_cli), model, prompt_sets[0], lengths, canvas, args.threads)
+        for row in cli:
+            print(f"llama-diffusion-cli          {row['length']:5d}    1 {row['tokens_per_s']:9.1f}         "
+                  f"{row['steps']:6d}          {row['ms_per_step']:8.2f}")
+    summary = {
+        "model": str(model), "architecture": info.architecture, "canvas": canvas,
+        "prompt_tokens": args.prompt_tokens, "engine": str(engine_info()), "results": results, "llama_diffusion_cli": cli,
+        "quality_definitions": {
+            "agreement": "fraction of answer positions equal to reference mode's answer (same prompt and length)",
+            "score": "mean pseudo-log-likelihood per answer token under the model itself (4 masked groups)",
+        },
+    }
+    for r in results:
+        r.pop("answers", None)
+    (out_dir / "results.json").write_text(json.dumps(summary, indent=2))
+    chart = _chart(results, out_dir / "chart.png")
+    print(f"wrote {out_dir / 'results.json'}" + (f" and {chart}" if chart else ""))
+    return 0
+
+
+def _row(r: dict[str, Any]) -> str:
+    def f(v, fmt):
+        return format(v, fmt) if v is not None else "-"
+
+    return (f"{r['configuration'][:28]:28} {r['length']:5d} {r['concurrency']:4d} {r['tokens_per_s']:9.1f} "
+            f"{f(r.get('speedup_vs_reference'), '7.2f')} {r['steps']:6d} {r['tokens_per_step']:8.2f} "
+            f"{r['ms_per_step']:8.2f} {r['model_ms_per_step']:9.2f} {r['sampler_ms_per_step']:8.2f} "
+            f"{r['peak_rss_mb']:7.0f} {f(r.get('agreement'), '6.3f')} {f(r.get('score'), '7.3f')}")
+
+
+def _agreement(a: list[int], b: list[int]) -> float:
+    n = max(len(a), len(b))
+    if n == 0:
+        return 1.0
+    return sum(1 for x, y in zip(a, b) if x == y) / n
+
+
+def _fit_prompt(engine, text: str, n_tokens: int) -> list[int]:
+    """A chat prompt of about n_tokens (at most): the user text repeated as often as fits."""
+    best = engine.chat_prompt([{"role": "user", "content": text}])
+    k = 2
+    while True:
+        candidate = engine.chat_prompt([{"role": "user", "content": " ".join([text] * k)}])
+        if candidate.size > n_tokens:
+            break
+        best, k = candidate, k + 1
+    return [int(t) for t in best]
+
+
+def _run_child(job: dict[str, Any]) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "dgchat", "bench", "--worker", json.dumps(job)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise InvalidParameterError(f"benchmark run failed: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _worker(job: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+
+    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.events import FinalEvent
+    from dgchat.model_backend.params import DiffusionParams
+
+    engine = DiffusionEngine.load(job["model"], n_gpu_layers=job["n_gpu_layers"], n_threads=job["threads"])
+    length, canvas, conc = job["length"], job["canvas"], job["concurrency"]
+    p = dict(job["params"])
+    reference = p.get("mode") == "reference"
+    if job["uniform"]:
+        base = DiffusionParams(max_tokens=length, seed=0, early_stop=False, **p)
+    else:
+        base = DiffusionParams(gen_length=length if reference else min(canvas, length), steps=job["steps"],
+                               max_tokens=length, seed=0, early_stop=False, **p)
+    prompts = [np.array(job["prompts"][i % len(job["prompts"])], dtype=np.int32) for i in range(conc)]
+    params = [base.updated(seed=i) if not reference else base for i in range(conc)]
+    # warm-up (graph allocation, page faults), not measured
+    if job["uniform"]:
+        warm = replace(base, max_tokens=min(length, 32))
+    else:
+        g = min(32, base.gen_length)
+        warm = replace(base, gen_length=g, max_tokens=g, steps=8 if not base.block_length else 8 * max(1, g // min(g, base.block_length)))
+    for _ in engine.generate(prompts[0], warm):
+        pass
+    t0 = time.perf_counter()
+    finals: dict[int, Any] = {}
+    if conc == 1:
+        for e in engine.generate(prompts[0], params[0]):
+            if isinstance(e, FinalEvent):
+                finals[0] = e
+    else:
+        for i, e in engine.generate_batch(prompts, params):
+            if isinstance(e, FinalEvent):
+                finals[i] = e
+    elapsed = time.perf_counter() - t0
+    tokens = sum(f.stats.tokens for f in finals.values())
+    steps = max(f.stats.steps for f in finals.values())
+    model_s = max(f.stats.model_s for f in finals.values())
+    sampler_s = sum(f.stats.sampler_s for f in finals.values())
+    scores = []
+    if job["quality"]:
+        for i, f in finals.items():
+            if f.tokens.size:
+                scores.append(float(np.mean(engine.pseudo_log_likelihood(prompts[i], f.tokens))))
+    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {
+        "tokens": tokens,
+        "elapsed_s": round(elapsed, 4),
+        "tokens_per_s": round(tokens / elapsed, 3) if elapsed > 0 else 0.0,
+        "steps": steps,
+        "tokens_per_step": round(tokens / conc / steps, 3) if steps else 0.0,
+        "ms_per_step": round(1000 * elapsed / steps, 3) if steps else 0.0,
+        "model_ms_per_step": round(1000 * model_s / steps, 3) if steps else 0.0,
+        "sampler_ms_per_step": round(1000 * sampler_s / steps, 3) if steps else 0.0,
+        "sampler_share": round(sampler_s / (sampler_s + model_s), 4) if (sampler_s + model_s) > 0 else 0.0,
+        "peak_rss_mb": round(rss_kb / 1024, 1),
+        "score": round(sum(scores) / len(scores), 4) if scores else None,
+        "answers": [[int(t) for t in finals[i].tokens] for i in sorted(finals)],
+        "params": {k: v for k, v in params[0].as_dict().items() if v is not None},
+    }
+
+
+def _compare_cli(cli: Path, model: Path, prompt: list[int], lengths: list[int], canvas: int,
+                 threads: int | None) -> list[dict[str, Any]]:
+    """Time llama.cpp's llama-diffusion-cli: same GGUF, greedy, one token per step. The CLI applies
+    the chat template itself, so its prompt differs slightly; ms/step is the comparable figure."""
+    if not cli.exists():
+        raise InvalidParameterError(f"--compare-cli: {cli} not found")
+    rows = []
+    for length in lengths:
+        total = len(prompt) + length
+        cmd = [str(cli), "-m", str(model), "-p", "Write the opening lines of a scene.", "-ub", str(total), "-b", str(total),
+               "-c", str(total), "--diffusion-steps", str(length), "--diffusion-eps", "0.001", "--temp", "0",
+               "--top-k", "1", "-s", "0", "-t", str(threads or os.cpu_count() or 1)]
+        t0 = time.perf_counter()
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        m = re.search(r"time per step: ([0-9.]+)ms", res.stderr + res.stdout)
+        per_step = float(m.group(1)) if m else 1000 * wall / length
+        rows.append(dict(length=length, steps=length, ms_per_step=per_step,
+                         tokens_per_s=round(1000 * length / (per_step * length), 3), returncode=res.returncode))
+    return rows
+
+
+def _chart(results: list[dict[str, Any]], path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install 'dgchat[bench]'): no chart written", file=sys.stderr)
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
+    lengths = sorted({r["length"] for r in results})
+    markers = "osD^v<>p*"
+    for ax, key, label in ((axes[0], "agreement", "agreement with reference output"),
+                           (axes[1], "score", "model score (mean pseudo-log-likelihood / token)")):
+        for li, length in enumerate(lengths):
+            pts = [r for r in results if r["length"] == length and r["concurrency"] == 1 and r.get(key) is not None]
+            if not pts:
+                continue
+            ax.scatter([r["tokens_per_s"] for r in pts], [r[key] for r in pts], marker=markers[li % len(markers)],
+                       label=f"{length} tokens")
+            for r in pts:
+                ax.annotate(r["configuration"], (r["tokens_per_s"], r[key]), fontsize=6, alpha=0.7)
+        ax.set_xscale("log")
+        ax.set_xlabel("tokens / s (log)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("dgchat bench: quality vs speed")
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path

@@ -147,6 +147,9 @@ class DiffusionEngine:
         if params.max_tokens is None:
             params = params.updated(max_tokens=params.gen_length)
         params.validate()
+        bad = [t for t, _ in params.logit_bias if t >= self.model.n_vocab]
+        if bad:
+            raise InvalidParameterError(f"logit_bias token id {bad[0]} is outside the vocabulary ({self.model.n_vocab} tokens)")
         return params
 
     # -- contexts -----------------------------------------------------------------------------

@@ -103,6 +103,7 @@ def masked_denoiser(
     steps_per_block = max(1, int(params.steps) // len(block_list))
     early_stop = params.early_stop and template is None
     cancelled = False
+    bias_ids, bias_values = logit_bias_arrays(params.logit_bias)
 
     for canvas_index in range((max_tokens + L - 1) // L):
         canvas = Canvas.blank(L, setup.mask_token)
@@ -144,6 +145,8 @@ def masked_denoiser(
                 t1 = time.perf_counter()
                 # never propose the mask token itself (the reference samplers can; it only wastes a step)
                 logits[:, setup.mask_token] = -np.inf
+                if bias_ids.size:
+                    logits[:, bias_ids] += bias_values
                 proposal = sampling.propose(
                     logits,
                     temperature=float(params.temperature or 0.0),
@@ -215,6 +218,20 @@ def masked_denoiser(
     stats.tokens = int(tokens.size)
     stats.elapsed_s = time.perf_counter() - t_start
     yield FinalEvent(text="", tokens=tokens, stop_reason=stop, stats=stats)
+
+
+def logit_bias_arrays(logit_bias: Sequence[tuple[int, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids, float32 additive biases) of a params.logit_bias. A token listed twice gets its
+    biases summed, except that any bias of -100 or below bans it (-inf) whatever else is listed."""
+    if not logit_bias:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
+    merged: dict[int, float] = {}
+    for token, bias in logit_bias:
+        t = int(token)
+        merged[t] = -np.inf if float(bias) <= -100.0 else merged.get(t, 0.0) + float(bias)
+    ids = np.fromiter(merged, dtype=np.int64, count=len(merged))
+    values = np.array(list(merged.values()), dtype=np.float32)
+    return ids, values
 
 
 def drive(denoiser: Denoiser, source: LogitsSource) -> Iterator[StepEvent | FinalEvent]:

@@ -42,6 +42,9 @@ class DiffusionParams:
     stability_threshold: int | None = None
     confidence_threshold: float | None = None
     autoregressive: bool = False  # decode left to right with the causal encoder (DiffusionGemma --ar)
+    # additive biases on token logits, ((token id, bias), ...), like OpenAI's logit_bias: a bias of
+    # -100 or lower bans the token outright (banned words of NPC cards, the API's logit_bias)
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def with_defaults(self, defaults: dict[str, Any]) -> DiffusionParams:
         """Fill every None field from `defaults`."""
@@ -101,6 +104,13 @@ class DiffusionParams:
             bad("reference mode reproduces llama.cpp's example, which has no --threshold/--factor")
         if self.mode == "reference" and self.cache != "none":
             bad("reference mode recomputes every step; it cannot be combined with --cache")
+        if self.mode == "reference" and self.logit_bias:
+            bad("reference mode reproduces llama.cpp's example, which has no logit bias")
+        for entry in self.logit_bias:
+            if len(entry) != 2 or not isinstance(entry[0], int) or isinstance(entry[0], bool) or entry[0] < 0:
+                bad(f"logit_bias keys must be token ids >= 0 (got {entry!r})")
+            if not isinstance(entry[1], (int, float)) or not -100.0 <= float(entry[1]) <= 100.0:
+                bad(f"logit_bias values must be numbers in [-100, 100] (got {entry[1]!r} for token {entry[0]})")
         if self.entropy_bound is not None and self.entropy_bound <= 0:
             bad(f"--entropy-bound must be > 0 (got {self.entropy_bound})")
         if self.t_min is not None and self.t_max is not None and not 0 <= self.t_min < self.t_max:

@@ -1,0 +1,156 @@
+"""`dgchat npc`: NPC lines for build pipelines, headless (docs/NPC.md)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from dgchat.commands.common import add_common, add_model_args, resolve_model_path
+from dgchat.model_backend.errors import GenerationCancelled, InvalidParameterError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "npc", help="generate NPC lines from character cards and a lines file (no UI)",
+        description="Generate NPC lines from character cards and a lines file, and export them as JSON or CSV. "
+                    "File formats: docs/NPC.md.",
+    )
+    add_common(p)
+    add_model_args(p)
+    p.add_argument("--cards", action="append", metavar="PATH",
+                   help="character cards: a TOML file or a folder of them (repeatable; default: the data folder's "
+                        "npc/cards)")
+    p.add_argument("--template", "--lines", dest="lines", metavar="LINES.toml", help="the lines file: what to generate")
+    p.add_argument("--count", type=int, help="variants per line (a line's own `count` wins)")
+    p.add_argument("--seed", type=int, help="seed of each line's first variant (a line's own `seed` wins)")
+    p.add_argument("--var", action="append", default=[], metavar="NAME=VALUE",
+                   help="a game variable for the templates (repeatable; a line's own variables win)")
+    p.add_argument("-o", "--out", metavar="FILE",
+                   help="export file (.json or .csv); '-' writes JSON to standard output")
+    p.add_argument("--format", choices=("json", "csv"), help="export format (default: from the --out extension)")
+    p.add_argument("--max-attempts", type=int, default=4, metavar="N",
+                   help="tries per variant when a banned word (or an empty line) comes out (default 4)")
+    p.add_argument("--precise", action="store_true",
+                   help="f32 KV cache: a variant's result does not depend on what else is in its batch (slower)")
+    p.add_argument("--list-cards", action="store_true", help="list the character cards found and exit")
+
+
+def _variables(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise InvalidParameterError(f"--var needs NAME=VALUE (got {pair!r})")
+        out[name.strip()] = value
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from dgchat.npc.cards import load_cards
+
+    cards = load_cards(args.cards)
+    if args.list_cards:
+        for card in cards:
+            print(f"{card.id}\t{card.name}\t{card.source}")
+        if not cards:
+            sys.stderr.write("dgchat: no character cards found (give --cards PATH)\n")
+        return 0
+    if not args.lines:
+        raise InvalidParameterError("give the lines file: --template LINES.toml")
+    if not args.out:
+        raise InvalidParameterError("give the export file: --out lines.json (or .csv, or - for standard output)")
+    if not cards:
+        raise InvalidParameterError("no character cards: pass --cards cards.toml")
+    if args.count is not None and args.count < 1:
+        raise InvalidParameterError(f"--count must be >= 1 (got {args.count})")
+    if args.seed is not None and args.seed < 0:
+        raise InvalidParameterError(f"--seed must be >= 0 (got {args.seed})")
+    if args.max_attempts < 1:
+        raise InvalidParameterError(f"--max-attempts must be >= 1 (got {args.max_attempts})")
+    fmt = args.format or ("json" if args.out == "-" else Path(args.out).suffix.lower().lstrip("."))
+    if fmt not in ("json", "csv"):
+        raise InvalidParameterError(f"--out {args.out}: use a .json or .csv file name, or --format")
+    if args.out == "-" and fmt != "json":
+        raise InvalidParameterError("standard output takes JSON only")
+
+    from dgchat.npc.lines_file import load_lines_file
+
+    lines = load_lines_file(args.lines)
+    specs = lines.specs(cards, count=args.count, seed=args.seed, variables=_variables(args.var))
+
+    from dgchat.model_backend import llamacpp
+    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.npc.export import build_export, export_json, write_export
+    from dgchat.npc.generator import NpcGenerator
+
+    llamacpp.set_verbose(getattr(args, "verbose", False))
+    engine = DiffusionEngine.load(resolve_model_path(args.model), n_gpu_layers=args.n_gpu_layers,
+                                  n_threads=args.threads, precise=args.precise)
+    cancel = threading.Event()
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(_sig: int, _frame: Any) -> None:
+        if cancel.is_set():
+            raise KeyboardInterrupt
+        cancel.set()
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        generator = NpcGenerator(engine, max_attempts=args.max_attempts)
+        batches = _generate_all(generator, specs, cancel)
+    except GenerationCancelled:
+        sys.stderr.write("dgchat: stopped (Ctrl-C); nothing was written\n")
+        return 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        engine.close()
+
+    rejected = []
+    for batch in batches:
+        batch.keep_all()
+        rejected += [(batch, v) for v in batch.variants if v.problem is not None]
+    document = build_export(batches)
+    if args.out == "-":
+        sys.stdout.write(export_json(document))
+    else:
+        write_export(args.out, document, fmt)
+    for batch, v in rejected:
+        sys.stderr.write(f"dgchat: warning: {batch.spec.card.id}/{batch.spec.context or '-'} variant {v.index} "
+                         f"(seed {v.seed}) dropped after {v.attempt + 1} tries: {v.problem}\n")
+    where = "standard output" if args.out == "-" else args.out
+    sys.stderr.write(f"dgchat: {len(document['lines'])} lines from {len(batches)} entries written to {where}\n")
+    return 0
+
+
+def _generate_all(generator, specs, cancel: threading.Event) -> list:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    batches = []
+    if not console.is_terminal:
+        # a build log: one line per entry instead of a live bar
+        for n, spec in enumerate(specs, 1):
+            batches.append(generator.generate(spec, cancel=cancel))
+            console.print(f"[{n}/{len(specs)}] {spec.card.id}/{spec.context or '-'}: {spec.count} variants",
+                          highlight=False, markup=False)
+        return batches
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("[dim]{task.fields[line]}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        overall = progress.add_task("lines", total=len(specs), line="")
+        for spec in specs:
+            label = f"{spec.card.id}/{spec.context or '-'}"
+            task = progress.add_task(f"  {label}", total=None, line="")
+
+            def report(p, task=task) -> None:
+                progress.update(task, completed=p.done, total=p.total, line=p.phase)
+
+            batches.append(generator.generate(spec, progress=report, cancel=cancel))
+            progress.remove_task(task)
+            progress.advance(overall)
+    return batches

@@ -1,0 +1,74 @@
+"""`dgchat serve`: the local OpenAI-compatible API (docs/SERVER.md)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+
+from dgchat.commands.common import add_common, add_model_args, resolve_model_path
+from dgchat.server import DEFAULT_PORT  # the server itself is imported when the command runs
+
+TOKEN_ENV = "DGCHAT_API_TOKEN"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve", help="serve the model over an OpenAI-compatible HTTP API",
+        description="Serve the model on an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, "
+                    "/v1/models) plus /v1/infill for NPC line templates. Bound to 127.0.0.1 unless --host says "
+                    "otherwise; any other address needs --token. Ctrl-C stops it gracefully.",
+    )
+    add_common(p)
+    add_model_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free port)")
+    p.add_argument("--token", default=os.environ.get(TOKEN_ENV) or None,
+                   help=f"require `Authorization: Bearer TOKEN` on every request (default: ${TOKEN_ENV}); "
+                        "required when --host is not a loopback address")
+    p.add_argument("--max-queue", type=int, default=8, metavar="N",
+                   help="requests that may wait behind the running one; more get 429 (default 8)")
+    p.add_argument("--max-body", type=int, default=1 << 20, metavar="BYTES",
+                   help="largest request body; larger ones get 413 (default 1 MiB)")
+    p.add_argument("--model-id", help="the model's id in the API (default: the file name without .gguf)")
+    p.add_argument("--cards", action="append", metavar="PATH",
+                   help="character cards for /v1/infill (default: the data folder's npc/cards)")
+    p.add_argument("--precise", action="store_true", help="f32 KV cache: batched choices equal unbatched ones")
+    p.add_argument("--quiet", action="store_true", help="no access log")
+
+
+def run(args: argparse.Namespace) -> int:
+    from dgchat.server.app import ServeConfig
+
+    config = ServeConfig(host=args.host, port=args.port, token=args.token, max_body=args.max_body,
+                         max_queue=args.max_queue, model_id=args.model_id,
+                         cards=tuple(args.cards) if args.cards else None, quiet=args.quiet)
+    config.validate()  # before loading the model: a refused --host costs nothing
+
+    from dgchat.model_backend import llamacpp
+    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.server.app import serve
+
+    llamacpp.set_verbose(getattr(args, "verbose", False))
+    engine = DiffusionEngine.load(resolve_model_path(args.model), n_gpu_layers=args.n_gpu_layers,
+                                  n_threads=args.threads, precise=args.precise)
+    stopped_cleanly = False
+
+    def ready(server) -> None:
+        auth = "token required" if config.token else "no token"
+        sys.stderr.write(f"dgchat serve: {server.model_id} on {server.url}/v1 ({auth}); Ctrl-C stops\n")
+        sys.stderr.flush()
+
+    try:
+        stopped_cleanly = asyncio.run(serve(engine, config, ready=ready))
+    except OSError as exc:
+        from dgchat.model_backend.errors import DgchatError
+
+        stopped_cleanly = True  # it never started serving
+        raise DgchatError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
+    finally:
+        if stopped_cleanly:
+            engine.close()  # otherwise the worker may still be inside llama.cpp: the process exit frees it
+    sys.stderr.write("dgchat serve: stopped\n")
+    return 0

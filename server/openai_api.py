@@ -1,0 +1,548 @@
+"""OpenAI-compatible requests mapped onto the diffusion engine, and the answers mapped back.
+
+Mapping (docs/SERVER.md): max_tokens (max_completion_tokens) -> the answer's token budget (the
+canvas shrinks to fit a short answer, longer answers continue on new canvases); temperature, top_p,
+seed, logit_bias -> DiffusionParams; stop -> cut after generation (and generation stops early once
+every choice has hit a stop string); n -> n sequences in one batched decode, seeds seed..seed+n-1;
+suffix (completions) -> infill: the completion is exactly max_tokens canvas positions between the
+prompt and the fixed suffix. Diffusion-only settings go in an extension object `"dgchat": {...}`.
+
+Streaming: a diffusion model decides positions in any order, so a chunk carries the newly decided
+*left prefix* of the answer (every position up to the first undecided one), as text deltas; with
+`"dgchat": {"canvas": true}` every step also sends the whole canvas in a `dgchat` field.
+"""
+
+from __future__ import annotations
+
+import codecs
+import math
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from dgchat.model_backend.canvas import Cell
+from dgchat.model_backend.errors import ContextOverflowError, DgchatError, GenerationCancelled
+from dgchat.model_backend.events import FinalEvent, StepEvent
+from dgchat.model_backend.masked_diffusion import CanvasTemplate
+from dgchat.model_backend.params import ALGORITHMS, CACHE_MODES, DiffusionParams
+from dgchat.server.http import HttpError
+
+MAX_N = 8
+MAX_STOP = 4
+MAX_LOGIT_BIAS = 300
+MAX_SEED = 2**63 - 1
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+# Parameters a client may send that this server cannot honour: refused unless at their no-op value.
+_UNSUPPORTED = {
+    "tools": (None, []),
+    "functions": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "function_call": (None, "none", "auto"),
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "audio": (None,),
+    "prediction": (None,),
+}
+_DGCHAT_KEYS = {
+    "steps": int, "gen_length": int, "block_length": int, "algorithm": str, "alg_temp": float, "threshold": float,
+    "factor": float, "cfg_scale": float, "top_k": int, "eps": float, "cache": str, "canvas": bool,
+    "entropy_bound": float, "t_min": float, "t_max": float,
+}
+
+
+def bad(message: str, param: str | None = None, code: str | None = None) -> HttpError:
+    return HttpError(400, message, param=param, code=code)
+
+
+def _int(body: dict, key: str, lo: int, hi: int, default: int | None = None) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        else:
+            raise bad(f"`{key}` must be an integer", key)
+    if not lo <= value <= hi:
+        raise bad(f"`{key}` must be between {lo} and {hi} (got {value})", key)
+    return value
+
+
+def _float(body: dict, key: str, lo: float, hi: float) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise bad(f"`{key}` must be a number", key)
+    if not lo <= value <= hi:
+        raise bad(f"`{key}` must be between {lo} and {hi} (got {value})", key)
+    return float(value)
+
+
+def check_unsupported(body: dict) -> None:
+    for key, allowed in _UNSUPPORTED.items():
+        if key in body and body[key] not in allowed:
+            raise bad(f"`{key}` is not supported by this server (dgchat runs text-diffusion models)", key,
+                      "unsupported_parameter")
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise bad("`response_format` other than {\"type\": \"text\"} is not supported", "response_format",
+                  "unsupported_parameter")
+    best_of = body.get("best_of")
+    if best_of not in (None, 1) and best_of != body.get("n", 1):
+        raise bad("`best_of` is not supported", "best_of", "unsupported_parameter")
+
+
+def parse_stop(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise bad("`stop` must be a string or a list of strings", "stop")
+    if len(stop) > MAX_STOP:
+        raise bad(f"`stop` takes at most {MAX_STOP} strings", "stop")
+    if any(s == "" for s in stop):
+        raise bad("`stop` strings must not be empty", "stop")
+    return stop
+
+
+def parse_logit_bias(body: dict, n_vocab: int) -> tuple[tuple[int, float], ...]:
+    raw = body.get("logit_bias")
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise bad("`logit_bias` must be an object of token id -> bias", "logit_bias")
+    if len(raw) > MAX_LOGIT_BIAS:
+        raise bad(f"`logit_bias` takes at most {MAX_LOGIT_BIAS} tokens", "logit_bias")
+    out = []
+    for key, value in raw.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise bad(f"`logit_bias` keys must be token ids (got {key!r})", "logit_bias") from None
+        if not 0 <= token < n_vocab:
+            raise bad(f"`logit_bias` token {token} is outside the vocabulary (0..{n_vocab - 1})", "logit_bias")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise bad(f"`logit_bias` values must be numbers in [-100, 100] (got {value!r})", "logit_bias")
+        out.append((token, float(value)))
+    return tuple(out)
+
+
+def parse_dgchat(body: dict) -> dict[str, Any]:
+    ext = body.get("dgchat")
+    if ext is None:
+        return {}
+    if not isinstance(ext, dict):
+        raise bad("`dgchat` must be an object of dgchat sampler settings", "dgchat")
+    out: dict[str, Any] = {}
+    for key, value in ext.items():
+        kind = _DGCHAT_KEYS.get(key)
+        if kind is None:
+            raise bad(f"unknown dgchat setting `{key}` (known: {', '.join(sorted(_DGCHAT_KEYS))})", f"dgchat.{key}")
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+            raise bad(f"`dgchat.{key}` must be {kind.__name__}", f"dgchat.{key}")
+        out[key] = value
+    if "algorithm" in out and out["algorithm"] not in ALGORITHMS:
+        raise bad(f"`dgchat.algorithm` must be one of {', '.join(ALGORITHMS)}", "dgchat.algorithm")
+    if "cache" in out and out["cache"] not in CACHE_MODES:
+        raise bad(f"`dgchat.cache` must be one of {', '.join(CACHE_MODES)}", "dgchat.cache")
+    return out
+
+
+def parse_seed(body: dict) -> int:
+    seed = _int(body, "seed", 0, MAX_SEED)
+    # OpenAI's semantics: without a seed, every request samples afresh; the seed used is returned
+    return seed if seed is not None else secrets.randbelow(2**31)
+
+
+# -- parameters -----------------------------------------------------------------------------------
+
+def fit_params(engine: Any, base: DiffusionParams, max_tokens: int) -> DiffusionParams:
+    """Resolved parameters for an answer of at most `max_tokens` tokens: a canvas no longer than
+    needed (rounded up to whole blocks) with the model's steps-per-token ratio."""
+    d = engine.resolve(replace(base, steps=None))  # the model's canvas and blocks (steps are checked below)
+    p = base
+    if base.gen_length is None and max_tokens < int(d.gen_length):
+        block = d.block_length if d.block_length and d.block_length < d.gen_length else None
+        if block is not None and max_tokens <= block:
+            block = None  # one block: the canvas is just the answer
+        gen = max_tokens if block is None else min(int(d.gen_length), -(-max_tokens // block) * block)
+        steps = base.steps
+        if steps is None and d.steps:
+            steps = max(1, round(int(d.steps) * gen / int(d.gen_length)))
+            if block:
+                n_blocks = max(1, gen // block)
+                steps = max(n_blocks, -(-steps // n_blocks) * n_blocks)
+        p = replace(p, gen_length=gen, steps=steps)
+    return engine.resolve(replace(p, max_tokens=max_tokens))
+
+
+def infill_params(engine: Any, base: DiffusionParams, canvas: int, to_fill: int) -> DiffusionParams:
+    """Resolved parameters for a template canvas (one block; by default one position per step)."""
+    p = replace(base, block_length=None, eps=base.eps if base.eps is not None else 1e-3)
+    if p.steps is None and not engine.info.uniform_state:
+        p = replace(p, steps=max(1, to_fill))
+    return engine.resolve(replace(p, gen_length=canvas, max_tokens=canvas))
+
+
+def base_params(body: dict, ext: dict[str, Any], logit_bias: tuple) -> DiffusionParams:
+    sampler = {k: v for k, v in ext.items() if k != "canvas"}
+    top_p = _float(body, "top_p", 0.0, 1.0)
+    if top_p is not None and top_p <= 0:
+        raise bad("`top_p` must be greater than 0", "top_p")
+    return DiffusionParams(
+        temperature=_float(body, "temperature", 0.0, 2.0),
+        top_p=top_p if top_p is not None else 1.0,
+        logit_bias=logit_bias,
+        **sampler,
+    )
+
+
+# -- streaming the decided prefix -----------------------------------------------------------------
+
+class TextStreamer:
+    """Turns a growing token prefix into text deltas: UTF-8 decoded incrementally (a character split
+    over tokens waits for its last byte), cut at the first end token and at the first stop string;
+    text that could be the start of a stop string is held back until it cannot."""
+
+    def __init__(self, piece: Callable[[int], bytes], is_end: Callable[[int], bool], stop: Sequence[str]) -> None:
+        self._piece = piece
+        self._is_end = is_end
+        self._stop = list(stop)
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._consumed = 0
+        self.text = ""
+        self._ends: list[int] = []  # len(text) after each token
+        self.ended = False  # an end token was reached
+        self.cut: int | None = None  # where a stop string begins
+        self.sent = 0
+
+    def _consume(self, tokens: Sequence[int] | np.ndarray) -> None:
+        for t in tokens[self._consumed:]:
+            if self.ended:
+                break
+            if self._is_end(int(t)):
+                self.ended = True
+                break
+            self.text += self._decoder.decode(self._piece(int(t)))
+            self._ends.append(len(self.text))
+        self._consumed = max(self._consumed, len(tokens))
+        if self.cut is None and self._stop:
+            hits = [i for i in (self.text.find(s) for s in self._stop) if i >= 0]
+            if hits:
+                self.cut = min(hits)
+
+    @property
+    def stopped(self) -> bool:
+        return self.cut is not None or self.ended
+
+    def _visible(self) -> str:
+        if self.cut is not None:
+            return self.text[: self.cut]
+        hold = 0
+        for s in self._stop:
+            for k in range(min(len(s) - 1, len(self.text)), 0, -1):
+                if self.text.endswith(s[:k]):
+                    hold = max(hold, k)
+                    break
+        return self.text[: len(self.text) - hold]
+
+    def _delta(self, visible: str) -> str:
+        delta = visible[self.sent:]
+        self.sent = max(self.sent, len(visible))
+        return delta
+
+    def feed(self, prefix: Sequence[int] | np.ndarray) -> str:
+        self._consume(prefix)
+        return self._delta(self._visible())
+
+    def finish(self, tokens: Sequence[int] | np.ndarray | None) -> str:
+        """The last delta: the rest of the answer (`tokens`: the final answer, or None to end with
+        what was decided, as after a cancel)."""
+        if tokens is not None:
+            self._consume(tokens)
+        if self.cut is None:
+            tail = self._decoder.decode(b"", final=True)
+            if tail:
+                self.text += tail
+                self._ends.append(len(self.text))
+            hits = [i for i in (self.text.find(s) for s in self._stop) if i >= 0]
+            if hits:
+                self.cut = min(hits)
+        final = self.text if self.cut is None else self.text[: self.cut]
+        return self._delta(final)
+
+    @property
+    def final_text(self) -> str:
+        return self.text if self.cut is None else self.text[: self.cut]
+
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens it took to write the returned text (up to the stop string when one cut it)."""
+        if self.cut is None:
+            return len(self._ends)
+        return next((i + 1 for i, end in enumerate(self._ends) if end >= self.cut), len(self._ends))
+
+
+def decided_prefix(event: StepEvent, limit: int | None = None) -> np.ndarray:
+    """The answer's tokens up to the first undecided position (masked: still a mask; uniform-state:
+    a draft not yet accepted), at most `limit` of them (the canvas may be longer than max_tokens)."""
+    state = event.canvas.state
+    undecided = np.flatnonzero(state == Cell.MASKED)
+    k = int(undecided[0]) if undecided.size else int(state.size)
+    prefix = np.concatenate([event.answer_tokens, event.canvas.tokens[:k]]).astype(np.int32)
+    return prefix if limit is None else prefix[:limit]
+
+
+# -- a planned generation ---------------------------------------------------------------------------
+
+@dataclass
+class GenPlan:
+    kind: str  # "chat" | "text"
+    prompt: np.ndarray
+    params: list[DiffusionParams]  # one per choice
+    stop: list[str]
+    stream: bool
+    include_usage: bool
+    canvas: bool  # stream the canvas in a `dgchat` field
+    seed: int
+    limit: int  # the answer's token budget (max_tokens; with a suffix, the canvas positions before it)
+    template: CanvasTemplate | None = None  # completions with a suffix
+    echo: str = ""
+
+    @property
+    def n(self) -> int:
+        return len(self.params)
+
+
+@dataclass
+class ChoiceResult:
+    index: int
+    text: str
+    finish_reason: str
+    completion_tokens: int
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def _messages(body: dict) -> list[dict[str, str]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("`messages` must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad(f"`{where}` must be an object", where)
+        role = m.get("role")
+        if role == "developer":
+            role = "system"
+        if role not in ("system", "user", "assistant"):
+            raise bad(f"`{where}.role` must be system, developer, user or assistant (got {role!r})", f"{where}.role")
+        content = m.get("content")
+        if isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise bad(f"`{where}.content[{j}]`: only text parts are supported", f"{where}.content")
+                parts.append(part["text"])
+            content = "".join(parts)
+        elif content is None and role == "assistant":
+            content = ""
+        if not isinstance(content, str):
+            raise bad(f"`{where}.content` must be a string or a list of text parts", f"{where}.content")
+        out.append({"role": role, "content": content})
+    return out
+
+
+def _common(body: dict, engine: Any, default_max: int | None) -> tuple[DiffusionParams, dict, int, int, int]:
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object")
+    check_unsupported(body)
+    ext = parse_dgchat(body)
+    n = _int(body, "n", 1, MAX_N, 1)
+    ctx = int(engine.n_ctx_max)
+    max_tokens = _int(body, "max_completion_tokens", 1, ctx) or _int(body, "max_tokens", 1, ctx)
+    if max_tokens is None:
+        max_tokens = default_max
+    seed = parse_seed(body)
+    base = base_params(body, ext, parse_logit_bias(body, engine.model.n_vocab))
+    if not isinstance(body.get("stream", False), bool):
+        raise bad("`stream` must be true or false", "stream")
+    return base, ext, n, max_tokens, seed
+
+
+def _stream_options(body: dict) -> bool:
+    opts = body.get("stream_options")
+    if opts is None:
+        return False
+    if not isinstance(opts, dict):
+        raise bad("`stream_options` must be an object", "stream_options")
+    return bool(opts.get("include_usage", False))
+
+
+def _finish_plan(engine: Any, plan: GenPlan) -> GenPlan:
+    try:
+        for p in plan.params:
+            p.validate()
+        canvas = plan.template.tokens.size if plan.template is not None else None
+        check = plan.params[0] if canvas is None else replace(plan.params[0], gen_length=canvas, max_tokens=canvas)
+        engine.check_fits(int(plan.prompt.size), check)
+    except ContextOverflowError as exc:
+        raise bad(str(exc), "max_tokens", "context_length_exceeded") from None
+    return plan
+
+
+def _params_error(exc: DgchatError) -> HttpError:
+    return bad(str(exc), code="invalid_parameter")
+
+
+def prepare_chat(body: dict, engine: Any) -> GenPlan:
+    """Validate a /v1/chat/completions body and plan its generation (runs off the event loop)."""
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object")
+    messages = _messages(body)
+    base, ext, n, max_tokens, seed = _common(body, engine, None)
+    try:
+        prompt = engine.chat_prompt(messages)
+        if max_tokens is None:
+            max_tokens = int(engine.resolve(base).gen_length)
+        first = fit_params(engine, base, max_tokens)
+    except HttpError:
+        raise
+    except DgchatError as exc:
+        raise _params_error(exc) from None
+    params = [replace(first, seed=seed + i) for i in range(n)]
+    plan = GenPlan("chat", prompt, params, parse_stop(body), bool(body.get("stream", False)), _stream_options(body),
+                   bool(ext.get("canvas", False)), seed, max_tokens)
+    return _finish_plan(engine, plan)
+
+
+def _prompt_tokens(body: dict, engine: Any) -> tuple[np.ndarray, str]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad("`prompt` is empty", "prompt")
+        return engine.encode(prompt), prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        n_vocab = engine.model.n_vocab
+        if not all(0 <= t < n_vocab for t in prompt):
+            raise bad(f"`prompt` token ids must be in 0..{n_vocab - 1}", "prompt")
+        tokens = np.array(prompt, dtype=np.int32)
+        return tokens, engine.detokenize(tokens)
+    if isinstance(prompt, list) and len(prompt) > 1:
+        raise bad("one prompt per request (send several requests, or use `n` for several completions)", "prompt")
+    raise bad("`prompt` must be a string or a list of token ids", "prompt")
+
+
+def prepare_completion(body: dict, engine: Any) -> GenPlan:
+    """Validate a /v1/completions body and plan its generation (runs off the event loop)."""
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object")
+    base, ext, n, max_tokens, seed = _common(body, engine, COMPLETIONS_DEFAULT_MAX_TOKENS)
+    prompt, prompt_text = _prompt_tokens(body, engine)
+    suffix = body.get("suffix")
+    if suffix is not None and not isinstance(suffix, str):
+        raise bad("`suffix` must be a string", "suffix")
+    echo = body.get("echo", False)
+    if not isinstance(echo, bool):
+        raise bad("`echo` must be true or false", "echo")
+    template = None
+    try:
+        if suffix:
+            suffix_tokens = engine.model.tokenize(suffix, add_special=False, parse_special=True)
+            tokens = np.concatenate([np.full(max_tokens, engine.info.mask_token if engine.info.mask_token is not None
+                                             else 0, dtype=np.int32), suffix_tokens]).astype(np.int32)
+            fixed = np.zeros(tokens.size, dtype=bool)
+            fixed[max_tokens:] = True
+            template = CanvasTemplate(tokens, fixed)
+            # the completion sits between the prompt and the suffix: it never ends early
+            eog = tuple((int(t), -100.0) for t in engine.model.eog_ids())
+            first = infill_params(engine, replace(base, logit_bias=base.logit_bias + eog), int(tokens.size), max_tokens)
+        else:
+            first = fit_params(engine, base, max_tokens)
+    except HttpError:
+        raise
+    except DgchatError as exc:
+        raise _params_error(exc) from None
+    params = [replace(first, seed=seed + i) for i in range(n)]
+    plan = GenPlan("text", prompt, params, parse_stop(body), bool(body.get("stream", False)), _stream_options(body),
+                   bool(ext.get("canvas", False)), seed, max_tokens, template, prompt_text if echo else "")
+    return _finish_plan(engine, plan)
+
+
+def run_plan(plan: GenPlan, engine: Any, cancel: Any, emit: Callable[[Any], None] | None) -> list[ChoiceResult]:
+    """Generate (in the worker thread). With `emit`, sends ("delta", index, text, canvas-or-None)
+    for streaming. Raises GenerationCancelled when the client went away (cancel set from outside)."""
+    model = engine.model
+    eog = set(int(t) for t in model.eog_ids())
+    pieces: dict[int, bytes] = {}
+
+    def piece(t: int) -> bytes:
+        b = pieces.get(t)
+        if b is None:
+            b = pieces[t] = model.token_piece(t, special=False)
+        return b
+
+    streamers = [TextStreamer(piece, eog.__contains__, plan.stop) for _ in range(plan.n)]
+    if emit is not None:
+        emit(("start",))  # the server starts the response now, not while the request waits in the queue
+    own_stop = [False]  # the cancel flag was raised by us: every choice hit a stop string
+    if plan.n == 1:
+        events = ((0, e) for e in engine.generate(plan.prompt, plan.params[0], cancel=cancel, template=plan.template))
+    else:
+        templates = [plan.template] * plan.n if plan.template is not None else None
+        events = engine.generate_batch([plan.prompt] * plan.n, plan.params, cancel=cancel, templates=templates)
+    finals: dict[int, FinalEvent] = {}
+    for i, event in events:
+        if isinstance(event, FinalEvent):
+            finals[i] = event
+            continue
+        s = streamers[i]
+        delta = s.feed(decided_prefix(event, plan.limit))
+        if s.cut is not None and all(x.cut is not None or x.ended or j in finals for j, x in enumerate(streamers)):
+            if not cancel.is_set():
+                own_stop[0] = True
+                cancel.set()  # nothing more is needed: stop denoising
+        if emit is not None and (delta or plan.canvas):
+            canvas = _canvas_payload(engine, event, i) if plan.canvas else None
+            emit(("delta", i, delta, canvas))
+    if cancel.is_set() and not own_stop[0]:
+        raise GenerationCancelled("the request was cancelled")
+    results = []
+    for i in range(plan.n):
+        final = finals[i]
+        s = streamers[i]
+        tokens = None if final.stop_reason == "cancelled" else final.tokens[: plan.limit]
+        delta = s.finish(tokens)
+        if emit is not None and delta:
+            emit(("delta", i, delta, None))
+        reason = "stop" if (s.cut is not None or final.stop_reason in ("eos", "complete") or s.ended) else "length"
+        if plan.template is not None and s.cut is None:
+            reason = "length"  # infill: the completion filled its span
+        results.append(ChoiceResult(i, s.final_text, reason, s.completion_tokens, final.stats.as_dict()))
+    return results
+
+
+def _canvas_payload(engine: Any, event: StepEvent, index: int) -> dict[str, Any]:
+    mask = engine.info.mask_token
+    tokens = event.canvas.tokens
+    return {
+        "choice": index,
+        "step": event.step,
+        "total_steps": event.total_steps,
+        "canvas_index": event.canvas_index,
+        "canvas": [None if (mask is not None and int(t) == mask) else engine.piece(int(t)) for t in tokens],
+        "state": [int(x) for x in event.canvas.state],
+    }

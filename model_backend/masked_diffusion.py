@@ -59,10 +59,14 @@ class MaskedSetup:
 @dataclass(frozen=True)
 class CanvasTemplate:
     """A canvas with given text (infill): `tokens[i]` is kept where `fixed[i]`, masked elsewhere.
-    The answer is exactly this canvas: no early stop, no continuation canvases."""
+    The answer is exactly this canvas: no early stop, no continuation canvases.
+
+    `initial` (uniform-state models only): the starting draft of the free positions instead of
+    uniformly random tokens (tests use it to start two implementations from the same canvas)."""
 
     tokens: np.ndarray
     fixed: np.ndarray
+    initial: np.ndarray | None = None
 
 
 def first_end(canvas: Canvas, is_eog: np.ndarray) -> int | None:

@@ -44,6 +44,18 @@ _DEFAULT_KEYS = {
 }
 
 
+# dgchat.diffusion.* (docs/diffusion-gemma-gguf.md) -> DiffusionParams
+_DG_KEYS = {
+    "canvas_length": "gen_length",
+    "max_denoising_steps": "steps",
+    "entropy_bound": "entropy_bound",
+    "t_min": "t_min",
+    "t_max": "t_max",
+    "stability_threshold": "stability_threshold",
+    "confidence_threshold": "confidence_threshold",
+}
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     architecture: str
@@ -84,7 +96,7 @@ def inspect_header(header: GgufHeader) -> ModelInfo:
     mask = header.get("tokenizer.ggml.mask_token_id")
     template = header.get("tokenizer.chat_template")
     ctx_len = int(header.arch_key("context_length", 0) or 0)
-    if arch == "gemma4" and header.get("dgchat.diffusion_gemma.canvas_length") is not None:
+    if arch == "gemma4" and header.get("dgchat.family") == "diffusion-gemma":
         family, preset, has_memory, shift = "diffusion_gemma", "diffusion_gemma", True, False
     elif arch in NATIVE_DIFFUSION_ARCHS:
         if mask is None:
@@ -108,6 +120,12 @@ def inspect_header(header: GgufHeader) -> ModelInfo:
         preset = header.get("dgchat.preset") or ("dream" if arch in ("qwen2", "qwen3moe") else "llada")
         shift = _bool(header.get("diffusion.shift_logits"), preset == "dream")
     defaults = dict(_FAMILY_DEFAULTS.get(preset, _FAMILY_DEFAULTS["llada"]))
+    if family == "diffusion_gemma":
+        # the converter stores the checkpoint's generation_config under dgchat.diffusion.*
+        for key, param in _DG_KEYS.items():
+            value = header.get("dgchat.diffusion." + key)
+            if value is not None:
+                defaults[param] = value
     for key, param in _DEFAULT_KEYS.items():
         value = header.get(key)
         if value is not None:

@@ -1,0 +1,292 @@
+#!/usr/bin/env python3
+"""Build and install llama-cpp-python 0.3.36 with dgchat's llama.cpp patch set.
+
+    python engine/build.py                 # download, patch, build, install into this Python
+    CMAKE_ARGS="-DGGML_CUDA=on" python engine/build.py     # GPU builds: CMAKE_ARGS passes through
+    python engine/build.py --check         # download + apply the patches only (no compiler needed)
+    python engine/build.py --sdist FILE    # use an already downloaded sdist (offline)
+
+Steps: `pip download` the sdist (no binaries), check its sha256, unpack it into the cache, apply
+engine/patches/*.patch with `patch -p1` inside vendor/llama.cpp, set the local version
+0.3.36+dgchat.N (so `llama-cpp-python==0.3.36` pins still match), `pip wheel` it, cache the wheel
+under a key made of the sdist hash, the patches, CMAKE_ARGS and the platform, and `pip install` it
+into the running interpreter's environment. A second run with the same inputs reuses the cached
+wheel. Standard library only: this runs before dgchat is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import tempfile
+from pathlib import Path
+
+PACKAGE = "llama-cpp-python"
+VERSION = "0.3.36"
+SDIST_NAME = f"llama_cpp_python-{VERSION}.tar.gz"
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+# The patch set version: llama_dgchat_patch_level() returns it (0001-dgchat-patch-level.patch).
+PATCH_LEVEL = 2
+LOCAL_VERSION = f"{VERSION}+dgchat.{PATCH_LEVEL}"
+HERE = Path(__file__).resolve().parent
+PATCH_DIR = HERE / "patches"
+
+
+class BuildError(Exception):
+    """A failure with a one-line explanation for the user."""
+
+
+def log(msg: str) -> None:
+    print(f"[dgchat engine] {msg}", flush=True)
+
+
+def default_cache_dir() -> Path:
+    if env := os.environ.get("DGCHAT_CACHE_DIR"):
+        return Path(env) / "engine"
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local")) / "dgchat" / "Cache"
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Caches" / "dgchat"
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dgchat"
+    return base / "engine"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def patch_files(patch_dir: Path = PATCH_DIR) -> list[Path]:
+    files = sorted(patch_dir.glob("*.patch"))
+    if not files:
+        raise BuildError(f"no patches found in {patch_dir}")
+    return files
+
+
+def patch_set_hash(patches: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in patches:
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def build_key(patches: list[Path], cmake_args: str) -> str:
+    """Identifies a wheel: same sdist, patches, CMake options, interpreter platform -> same wheel."""
+    h = hashlib.sha256()
+    for part in (SDIST_SHA256, patch_set_hash(patches), cmake_args, sysconfig.get_platform(),
+                 platform.machine(), LOCAL_VERSION):
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()[:20]
+
+
+def run(cmd: list[str], *, cwd: Path | None = None, log_file: Path | None = None,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    if log_file is None:
+        return subprocess.run(cmd, cwd=cwd, env=env, text=True, capture_output=True)
+    with open(log_file, "w") as fh:
+        return subprocess.run(cmd, cwd=cwd, env=env, text=True, stdout=fh, stderr=subprocess.STDOUT)
+
+
+def tail(path: Path, n: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def fetch_sdist(cache: Path, sdist: Path | None) -> Path:
+    """The verified sdist: the given file, a cached copy, or a fresh `pip download`."""
+    target = cache / "sdist" / SDIST_NAME
+    if sdist is not None:
+        if not sdist.is_file():
+            raise BuildError(f"{sdist}: no such file")
+        candidate = sdist
+    elif target.is_file():
+        candidate = target
+    else:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        log(f"downloading {PACKAGE}=={VERSION} source ...")
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            res = run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                       f"{PACKAGE}=={VERSION}", "-d", tmp])
+            got = Path(tmp) / SDIST_NAME
+            if res.returncode != 0 or not got.is_file():
+                last = (res.stderr or res.stdout or "").strip().splitlines()[-1:] or ["no output"]
+                raise BuildError(f"pip could not download {PACKAGE}=={VERSION}: {last[0]}")
+            os.replace(got, target)
+        candidate = target
+    digest = sha256_file(candidate)
+    if digest != SDIST_SHA256:
+        if candidate == target:
+            target.unlink()
+        raise BuildError(f"{candidate.name}: sha256 {digest} does not match the expected {SDIST_SHA256}")
+    return candidate
+
+
+def unpack(sdist: Path, dest: Path) -> Path:
+    """Extract into a fresh folder; returns the source root (llama_cpp_python-0.3.36)."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    with tarfile.open(sdist) as tar:
+        if sys.version_info >= (3, 12) or hasattr(tarfile, "data_filter"):
+            tar.extractall(dest, filter="data")
+        else:  # pragma: no cover - Python < 3.11.4
+            for m in tar.getmembers():
+                p = (dest / m.name).resolve()
+                if not str(p).startswith(str(dest.resolve())) or m.issym() or m.islnk():
+                    raise BuildError(f"{sdist.name}: unsafe path {m.name} in the archive")
+            tar.extractall(dest)
+    root = dest / f"llama_cpp_python-{VERSION}"
+    if not (root / "vendor" / "llama.cpp" / "CMakeLists.txt").is_file():
+        raise BuildError(f"{sdist.name}: unexpected layout (no vendor/llama.cpp)")
+    return root
+
+
+def apply_patches(root: Path, patches: list[Path]) -> None:
+    llama = root / "vendor" / "llama.cpp"
+    tool = shutil.which("patch")
+    git = shutil.which("git")
+    if tool is None and git is None:
+        raise BuildError("neither `patch` nor `git` is installed; one of them is needed to apply the patches")
+    for p in patches:
+        if tool is not None:
+            check = [tool, "-p1", "--forward", "--batch", "--dry-run", "-i", str(p)]
+            apply = [tool, "-p1", "--forward", "--batch", "--quiet", "-i", str(p)]
+        else:
+            check = [git, "apply", "--check", "-p1", str(p)]
+            apply = [git, "apply", "-p1", str(p)]
+        res = run(check, cwd=llama)
+        if res.returncode != 0:
+            detail = (res.stdout + res.stderr).strip().splitlines()
+            raise BuildError(f"patch {p.name} does not apply to llama.cpp in {PACKAGE} {VERSION}: "
+                             f"{detail[-1] if detail else 'rejected'}")
+        res = run(apply, cwd=llama)
+        if res.returncode != 0:
+            raise BuildError(f"patch {p.name} failed: {(res.stdout + res.stderr).strip()}")
+    log(f"applied {len(patches)} patches")
+
+
+def set_local_version(root: Path) -> None:
+    init = root / "llama_cpp" / "__init__.py"
+    text = init.read_text()
+    new, n = re.subn(r'__version__\s*=\s*"[^"]*"', f'__version__ = "{LOCAL_VERSION}"', text)
+    if n != 1:
+        raise BuildError(f"{init}: could not find __version__ to set the local version")
+    init.write_text(new)
+
+
+def check_toolchain() -> None:
+    compilers = ["cl"] if sys.platform == "win32" else ["c++", "g++", "clang++"]
+    if not any(shutil.which(c) for c in compilers):
+        raise BuildError("no C++ compiler found (install build-essential / Xcode command line tools / MSVC)")
+
+
+def build_wheel(root: Path, out_dir: Path, work: Path) -> Path:
+    check_toolchain()
+    log_file = work / "build.log"
+    log(f"compiling {LOCAL_VERSION} (several minutes; log: {log_file}) ...")
+    env = dict(os.environ)
+    if env.get("CMAKE_ARGS"):
+        log(f"CMAKE_ARGS={env['CMAKE_ARGS']}")
+    res = run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--wheel-dir", str(work / "wheel"), str(root)],
+              log_file=log_file, env=env)
+    wheels = list((work / "wheel").glob("llama_cpp_python-*.whl"))
+    if res.returncode != 0 or len(wheels) != 1:
+        text = tail(log_file, 60)
+        hint = ""
+        if re.search(r"CMAKE_C(XX)?_COMPILER|No CMAKE_CXX_COMPILER|compiler.*not found", text, re.I):
+            hint = " (no working C/C++ compiler)"
+        elif "CUDA" in text and "not found" in text:
+            hint = " (CUDA toolkit not found: check CMAKE_ARGS / nvcc on PATH)"
+        sys.stderr.write(text + "\n")
+        raise BuildError(f"building the wheel failed{hint}; see {log_file}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    final = out_dir / wheels[0].name
+    shutil.copy2(wheels[0], final.with_suffix(".tmp"))
+    os.replace(final.with_suffix(".tmp"), final)
+    shutil.copy2(log_file, out_dir / "build.log")
+    return final
+
+
+def cached_wheel(wheel_dir: Path) -> Path | None:
+    found = sorted(wheel_dir.glob("llama_cpp_python-*.whl")) if wheel_dir.is_dir() else []
+    return found[0] if found else None
+
+
+def install(wheel: Path) -> None:
+    log(f"installing {wheel.name} into {sys.prefix}")
+    for cmd in ([sys.executable, "-m", "pip", "install", "--no-deps", "--force-reinstall", str(wheel)],
+                [sys.executable, "-m", "pip", "install", str(wheel)]):
+        res = run(cmd)
+        if res.returncode != 0:
+            last = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise BuildError(f"pip install failed: {last[0]}")
+    probe = ("import ctypes, llama_cpp; f = getattr(llama_cpp.llama_cpp._lib, 'llama_dgchat_patch_level', None); "
+             "f and setattr(f, 'restype', ctypes.c_int32); print(f() if f else 0)")
+    res = run([sys.executable, "-c", probe])
+    level = res.stdout.strip()
+    if res.returncode != 0 or level != str(PATCH_LEVEL):
+        raise BuildError(f"installed, but llama_cpp reports patch level {level or '?'}: {res.stderr.strip()[-200:]}")
+    log(f"llama-cpp-python {LOCAL_VERSION} installed (patch level {PATCH_LEVEL})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cache-dir", type=Path, default=None, help="default: the user cache folder /dgchat/engine")
+    ap.add_argument("--sdist", type=Path, default=None, help=f"use this {SDIST_NAME} instead of downloading it")
+    ap.add_argument("--patches", type=Path, default=PATCH_DIR, help=argparse.SUPPRESS)
+    ap.add_argument("--check", action="store_true", help="only verify that the patches apply")
+    ap.add_argument("--no-install", action="store_true", help="build (or reuse) the wheel and print its path")
+    ap.add_argument("--rebuild", action="store_true", help="ignore a cached wheel")
+    args = ap.parse_args(argv)
+    try:
+        cache = (args.cache_dir or default_cache_dir()).expanduser()
+        cache.mkdir(parents=True, exist_ok=True)
+        patches = patch_files(args.patches)
+        cmake_args = os.environ.get("CMAKE_ARGS", "")
+        key = build_key(patches, cmake_args)
+        wheel_dir = cache / "wheels" / key
+        wheel = None if (args.rebuild or args.check) else cached_wheel(wheel_dir)
+        if wheel is not None:
+            log(f"using cached wheel {wheel}")
+        else:
+            sdist = fetch_sdist(cache, args.sdist)
+            work = Path(tempfile.mkdtemp(prefix="build-", dir=cache))
+            try:
+                root = unpack(sdist, work / "src")
+                apply_patches(root, patches)
+                set_local_version(root)
+                if args.check:
+                    log("the patch set applies cleanly")
+                    return 0
+                wheel = build_wheel(root, wheel_dir, work)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+        if args.no_install:
+            print(wheel)
+        else:
+            install(wheel)
+        return 0
+    except BuildError as exc:
+        print(f"dgchat engine build: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("dgchat engine build: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

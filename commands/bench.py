@@ -295,7 +295,8 @@ def _compare_cli(cli: Path, model: Path, prompt: list[int], lengths: list[int], 
                "-c", str(total), "--diffusion-steps", str(length), "--diffusion-eps", "0.001", "--temp", "0",
                "--top-k", "1", "-s", "0", "-t", str(threads or os.cpu_count() or 1)]
         t0 = time.perf_counter()
-        res = subprocess.run(cmd, capture_output=True, text=True)
+        # a model's output can be any bytes: decode leniently
+        res = subprocess.run(cmd, capture_output=True, text=True, encoding="utf-8", errors="replace")
         wall = time.perf_counter() - t0
         m = re.search(r"time per step: ([0-9.]+)ms", res.stderr + res.stdout)
         per_step = float(m.group(1)) if m else 1000 * wall / length

@@ -45,7 +45,9 @@ class SourceTensor:
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
     """bf16 bit patterns (uint16) -> float32 values (exact: bf16 is the top half of an f32)."""
-    return (bits.astype(np.uint32) << 16).view(np.float32)
+    wide = bits.astype(np.uint32)
+    wide <<= 16  # in place: one tensor-sized temporary, not two
+    return wide.view(np.float32)
 
 
 def f32_to_bf16(values: np.ndarray) -> np.ndarray:
@@ -212,6 +214,24 @@ class Checkpoint:
         storage = next(d for d, n in _DTYPES.values() if n == t.dtype)
         count = t.nbytes // storage.itemsize
         return np.frombuffer(self._map(t.file), dtype=storage, count=count, offset=t.offset).reshape(t.shape)
+
+    def release(self, name: str) -> None:
+        """Drop the pages of `name` from this process's resident set once it has been written.
+
+        The shards are mapped read-only, so the pages stay in the page cache and any later access
+        simply faults them back in; without this the resident set grows to the whole checkpoint."""
+        t = self.tensors.get(name)
+        mm = self._maps.get(t.file) if t is not None else None
+        advice = getattr(mmap, "MADV_DONTNEED", None)
+        if mm is None or advice is None:
+            return
+        start = t.offset - t.offset % mmap.PAGESIZE
+        end = min(len(mm), t.offset + t.nbytes)
+        if end > start:
+            try:
+                mm.madvise(advice, start, end - start)
+            except (OSError, ValueError):
+                pass
 
     def load_f32(self, name: str, expect_shape: tuple[int, ...] | None = None) -> np.ndarray:
         return to_f32(self.load(name, expect_shape), self.info(name).dtype)

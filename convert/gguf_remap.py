@@ -10,6 +10,12 @@ diffusion-gemma: the layout of llama.cpp PR #24423's converter as published by u
 `diffusion.eb_*` sampler keys, per-layer `blk.N.layer_output_scale.weight` (decoder scalars) and
 `blk.N.enc_layer_output_scale.weight` (encoder scalars), and the self-conditioning MLP as
 `self_cond_{pre_norm,gate,up,down}.weight` tensors. Details: docs/diffusion-gemma-gguf.md.
+
+llada / dream / llada-moe / rnd1 (llama.cpp's own converter, or `dgchat convert`): the same
+architecture with dgchat's keys added (sampler defaults, mask token, shift flag), or with
+`--cache-capable` the architecture with a KV cache that computes the same function (`llama`,
+`qwen2`, `hy_v3`, `qwen3moe`): keys renamed to the new prefix, every tensor copied as it is.
+Details: docs/convert.md.
 """
 
 from __future__ import annotations
@@ -17,12 +23,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 from gguf.constants import GGMLQuantizationType, GGUFValueType
 
 from dgchat.convert.errors import ConvertError
+from dgchat.convert.families import MASKED, masked, masked_family_for_gguf
 from dgchat.convert.families import diffusion_gemma as dgf
 from dgchat.convert.writer import GGUFPlan, TensorPlan
 from dgchat.model_backend.errors import ModelFileError
@@ -221,23 +229,104 @@ def _reader(path: Path) -> Any:
     return _READER[path]
 
 
+# -- llada / dream / llada-moe / rnd1 -------------------------------------------------------------
+
+
+def remap_masked(header: GgufHeader, fam: ModuleType, name: str, cache_capable: bool) -> GGUFPlan:
+    F: masked.Family = fam.FAMILY
+    src = header.architecture or "?"
+    dst = F.cache_arch if cache_capable else src
+    plan = GGUFPlan(dst)
+    for key in header.metadata:
+        if key == "general.architecture":
+            continue
+        new_key = dst + key[len(src):] if key.startswith(src + ".") else key
+        plan.add(new_key, header.get(key), *_kv_type(header, key))
+    plan.boolean(f"{dst}.attention.causal", False)
+    if header.get("diffusion.shift_logits") is None:
+        plan.boolean("diffusion.shift_logits", F.shift_logits)
+    if header.get("tokenizer.ggml.mask_token_id") is None:
+        tokens = header.get("tokenizer.ggml.tokens") or []
+        mask = next((tokens.index(t) for t in F.mask_texts if t in tokens), None)
+        if mask is None and F.mask_id is not None and F.mask_id < len(tokens):
+            mask = F.mask_id
+        if mask is None:
+            raise ConvertError(f"{header.path.name}: no mask token (tokenizer.ggml.mask_token_id) and none of "
+                               f"{', '.join(F.mask_texts) or 'the known mask texts'} in the vocabulary")
+        plan.u32("tokenizer.ggml.mask_token_id", mask)
+    if header.get("dgchat.format") is None:
+        masked.write_dgchat_kv(plan, F, f"gguf:{src}", shift_logits=False)
+    if header.get("general.name") is None:
+        plan.string("general.name", name)
+    for info in header.tensors.values():
+        plan.tensors.append(_raw_tensor(header, info))
+    if cache_capable:
+        if F.cache_extras is not None:
+            F.cache_extras(plan, _masked_hparams(header, src))
+        plan.notes.append(f"cache-capable: `{src}` rewritten as `{dst}` with attention.causal = false "
+                          "(tensors copied byte for byte)")
+    return plan
+
+
+def _masked_hparams(header: GgufHeader, arch: str) -> masked.Hparams:
+    def need(suffix: str) -> int:
+        value = header.get(f"{arch}.{suffix}")
+        if value is None:
+            raise ConvertError(f"{header.path.name}: key {arch}.{suffix} is missing")
+        return int(value)
+
+    hidden, n_head = need("embedding_length"), need("attention.head_count")
+    return masked.Hparams(
+        n_vocab=header.tensors["token_embd.weight"].shape[1] if "token_embd.weight" in header.tensors else 0,
+        hidden=hidden, n_layer=need("block_count"), n_head=n_head,
+        n_head_kv=int(header.get(f"{arch}.attention.head_count_kv", n_head)),
+        head_dim=int(header.get(f"{arch}.attention.key_length", hidden // n_head)),
+        ff=int(header.get(f"{arch}.feed_forward_length", 0)), rope_theta=0.0, rms_eps=0.0, context_length=0,
+        tied="output.weight" not in header.tensors,
+    )
+
+
 REMAPS: dict[str, Callable[[GgufHeader, str, str], GGUFPlan]] = {"diffusion-gemma": remap_diffusion_gemma}
 
 
-def plan_from_gguf(path: Path, outtype: str, name: str) -> tuple[str, GGUFPlan]:
+def supported_gguf_architectures() -> list[str]:
+    return sorted({*REMAPS, *(f.FAMILY.gguf_arch for f in MASKED)})
+
+
+def plan_from_gguf(path: Path, outtype: str, name: str, *, cache_capable: bool = False,
+                   passthrough: bool = False) -> tuple[str, GGUFPlan | None]:
+    """(source architecture, plan). With `passthrough` (the caller only quantizes), a file that
+    needs no rewriting gives plan None: the caller uses it as it is."""
     try:
         header = read_gguf_header(path)
     except ModelFileError as exc:
         raise ConvertError(str(exc)) from None
     arch = header.architecture or "?"
-    if header.get("dgchat.format") is not None:
-        raise ConvertError(f"{path.name} is already in dgchat's layout; nothing to convert")
-    remap = REMAPS.get(arch)
-    if remap is None:
-        raise ConvertError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(sorted(REMAPS))}")
     if outtype != "auto":
-        raise ConvertError("a GGUF source keeps its tensor types; use --outtype auto (re-quantize with llama-quantize)")
+        raise ConvertError("a GGUF source keeps its tensor types; use --outtype auto (and --quantize to re-quantize)")
+    dg_layout = header.get("dgchat.format") is not None
+    fam = masked_family_for_gguf(arch, header.get("dgchat.family"))
     try:
-        return arch, remap(header, outtype, name)
+        if fam is not None:
+            is_cache_arch = arch == fam.FAMILY.cache_arch
+            if dg_layout and (is_cache_arch or not cache_capable):
+                if passthrough:
+                    return arch, None
+                hint = "" if is_cache_arch else " (--cache-capable rewrites it for the KV cache)"
+                raise ConvertError(f"{path.name} is already in dgchat's layout; nothing to convert{hint}")
+            return arch, remap_masked(header, fam, name, cache_capable and not is_cache_arch)
+        if dg_layout:
+            if passthrough:
+                return arch, None
+            raise ConvertError(f"{path.name} is already in dgchat's layout; nothing to convert")
+        remap = REMAPS.get(arch)
+        if remap is None:
+            raise ConvertError(
+                f"unsupported GGUF architecture {arch!r}; supported: {', '.join(supported_gguf_architectures())}"
+            )
+        plan = remap(header, outtype, name)
+        if cache_capable:
+            plan.notes.append("--cache-capable: gemma4 already keeps a KV cache; nothing to change")
+        return arch, plan
     finally:
         _READER.clear()

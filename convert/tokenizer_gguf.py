@@ -29,6 +29,10 @@ _KNOWN_PRE = {
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+": "gpt-2",
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen2",
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "llama-bpe",
+    # Ling / LLaDA-MoE (inclusionAI): the "original regex from tokenizer.json" that llama.cpp's
+    # LLAMA_VOCAB_PRE_TYPE_BAILINGMOE quotes (src/llama-vocab.cpp); llama.cpp accepts the names
+    # "bailingmoe", "bailingmoe2" and "llada-moe" for it
+    r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+": "bailingmoe",
 }
 
 
@@ -128,13 +132,15 @@ def read_hf_tokenizer(
     byte_level_pre: str | None = None,
     default_add_bos: bool = False,
     fallback_ids: dict[str, int | None] | None = None,
+    pre_aliases: dict[str, str] | None = None,
 ) -> Vocab:
     """Read tokenizer.json (+ tokenizer_config.json, chat_template.jinja) from `folder`.
 
     `n_vocab` is the model's embedding row count: the vocabulary is padded to it with unused
     tokens (checkpoints often round the embedding up) and may not exceed it. `spm_model` is the
     llama.cpp model name for SentencePiece-style BPE; `byte_level_pre` the pre-tokenizer name
-    for byte-level BPE when the family knows it."""
+    for byte-level BPE when the family knows it (it replaces detection); `pre_aliases` renames a
+    detected pre-tokenizer to the name llama.cpp's converter writes for the family (same regex)."""
     folder = Path(folder)
     tj = _load_json(folder / "tokenizer.json")
     if tj is None:
@@ -154,7 +160,12 @@ def read_hf_tokenizer(
         ggml_model = "gpt2"
         pre = byte_level_pre or _byte_level_pre(tj)
         if pre is None:
-            raise ConvertError(f"{folder}: unrecognised byte-level pre-tokenizer; this model family is not supported")
+            regex = next((c.get("pattern", {}).get("Regex") for c in _components(tj.get("pre_tokenizer"))
+                          if c.get("type") == "Split" and isinstance(c.get("pattern"), dict)), None)
+            found = f" (split regex {regex[:60]!r}...)" if isinstance(regex, str) else ""
+            raise ConvertError(f"{folder}: unrecognised byte-level pre-tokenizer{found}; llama.cpp would split the "
+                               "text differently")
+        pre = (pre_aliases or {}).get(pre, pre)
     elif byte_fallback or "Metaspace" in pre_types:
         ggml_model, pre = spm_model, spm_model
     else:

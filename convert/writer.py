@@ -89,6 +89,9 @@ class TensorPlan:
     shape: tuple[int, ...]
     qtype: GGMLQuantizationType
     produce: Callable[[], np.ndarray]  # returns data already encoded for `qtype`
+    # called once the tensor is on disk: lets a memory-mapped source drop the pages it touched, so
+    # the resident set stays near one tensor instead of growing to the whole checkpoint
+    release: Callable[[], None] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -174,7 +177,15 @@ class _Writer(GGUFWriter):
 
 
 def _space_error(folder: Path, need: int) -> ConvertError:
-    return ConvertError(f"not enough disk space in {folder} (the output needs about {need / 1e9:.2f} GB)")
+    size = f"{need / 1e9:.2f} GB" if need >= 1e9 else f"{need / 1e6:.1f} MB"
+    return ConvertError(f"not enough disk space in {folder} (the output needs about {size})")
+
+
+def _is_full_disk(exc: OSError) -> bool:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return True
+    # numpy's tofile reports a short write without an errno: "N requested and M written"
+    return exc.errno is None and "requested and" in str(exc)
 
 
 def write_gguf(plan: GGUFPlan, out: Path, progress: ProgressFn | None = None) -> int:
@@ -184,14 +195,9 @@ def write_gguf(plan: GGUFPlan, out: Path, progress: ProgressFn | None = None) ->
     if not folder.is_dir():
         raise ConvertError(f"output folder {folder} does not exist")
     total = plan.total_bytes
-    try:
-        free = shutil.disk_usage(folder).free
-    except OSError:
-        free = None
-    if free is not None and free < total + _SPACE_MARGIN:
-        raise _space_error(folder, total + _SPACE_MARGIN)
+    check_space(folder, total)
 
-    tmp = folder / f"{PARTIAL_PREFIX}{out.name}-{secrets.token_hex(4)}"
+    tmp = partial_path(out)
     writer = _Writer(None, plan.arch)
     done = False
     try:
@@ -212,6 +218,9 @@ def write_gguf(plan: GGUFPlan, out: Path, progress: ProgressFn | None = None) ->
             if data.nbytes != t.nbytes:
                 raise ConvertError(f"internal error: tensor {t.name} produced {data.nbytes} bytes, expected {t.nbytes}")
             writer.write_tensor_data(data)
+            del data
+            if t.release is not None:
+                t.release()
             written += t.nbytes
             if progress is not None:
                 progress(written, total, t.name)
@@ -225,7 +234,7 @@ def write_gguf(plan: GGUFPlan, out: Path, progress: ProgressFn | None = None) ->
         done = True
         return out.stat().st_size
     except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        if _is_full_disk(exc):
             raise _space_error(folder, total + _SPACE_MARGIN) from None
         raise ConvertError(f"could not write {out}: {exc.strerror or exc}") from None
     finally:
@@ -235,6 +244,29 @@ def write_gguf(plan: GGUFPlan, out: Path, progress: ProgressFn | None = None) ->
                 tmp.unlink()
             except FileNotFoundError:
                 pass
+
+
+def finish_plan(plan: GGUFPlan, name: str) -> None:
+    """general.name, general.file_type (the dominant tensor type) and the quantization version."""
+    plan.string("general.name", name)
+    plan.u32("general.file_type", plan.file_type())
+    if any(t.qtype not in (Q.F32, Q.F16, Q.BF16) for t in plan.tensors):
+        plan.u32("general.quantization_version", 2)
+
+
+def check_space(folder: Path, need: int) -> None:
+    """Refuse to start when the destination cannot hold `need` more bytes (plus headroom)."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return
+    if free < need + _SPACE_MARGIN:
+        raise _space_error(folder, need + _SPACE_MARGIN)
+
+
+def partial_path(out: Path) -> Path:
+    """A temporary name next to `out`; partial files never carry the final name."""
+    return out.parent / f"{PARTIAL_PREFIX}{out.name}-{secrets.token_hex(4)}"
 
 
 def _validate(path: Path) -> None:

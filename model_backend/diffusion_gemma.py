@@ -291,8 +291,8 @@ def ar_decoder(prompt: np.ndarray, params: DiffusionParams, setup: DgSetup, *,
             row = np.array(logits[-1:], dtype=np.float32)
             if bias_ids.size:
                 row[:, bias_ids] += bias_values
-            prop = sampling.propose(row, temperature=float(params.temperature or 0.0), top_k=params.top_k,
-                                    top_p=params.top_p, algorithm="confidence", rng=rng)
+            prop = sampling.propose(row, temperature=float(params.temperature or 0.0), top_k=params.top_k or 0,
+                                    top_p=1.0 if params.top_p is None else params.top_p, algorithm="confidence", rng=rng)
             tok = int(prop.tokens[0])
             t2 = time.perf_counter()
             stats.sampler_s += t2 - t1
@@ -370,7 +370,7 @@ class DiffusionGemmaEngine(DiffusionEngine):
 
     def resolve(self, params: DiffusionParams | None = None) -> DiffusionParams:
         params = (params or DiffusionParams()).with_defaults(self.info.defaults)
-        params = params.with_defaults({"gen_length": 256, "steps": 48, "temperature": 0.0})
+        params = params.with_defaults({"gen_length": 256, "steps": 48, "temperature": 0.0, "top_k": 0, "top_p": 1.0})
         if params.max_tokens is None:
             params = params.updated(max_tokens=max(int(params.gen_length), 256))
         if params.mode == "reference":

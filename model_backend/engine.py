@@ -138,7 +138,8 @@ class DiffusionEngine:
         if params.block_length is not None and params.eps is None:
             defaults.pop("eps", None)
         params = params.with_defaults(defaults)
-        fallback = {"gen_length": 128, "steps": 128, "algorithm": "confidence", "temperature": 0.0}
+        fallback = {"gen_length": 128, "steps": 128, "algorithm": "confidence", "temperature": 0.0, "top_k": 0,
+                    "top_p": 1.0}
         params = params.with_defaults(fallback)
         if params.block_length is None and params.eps is None:
             params = params.updated(eps=1e-3)

@@ -8,12 +8,14 @@ with numpy arrays and plain Python values:
   requested positions produce logits, logits returned as numpy views of llama.cpp's buffer (no copy
   per position), KV cell removal, causal/non-causal switching, cancellation mid-decode.
 - llama.cpp's own log lines are captured in a ring buffer; they reach stderr only when verbose.
+- `quantize_model`: llama.cpp's quantizer (`llama_model_quantize`), GGUF in, GGUF out.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import re
 import sys
 import threading
 from collections import deque
@@ -37,7 +39,7 @@ except (ImportError, OSError) as exc:  # a missing or broken shared library
     raise EngineError(f"llama-cpp-python could not be loaded: {exc}") from exc
 
 _LOG_LINES: deque[str] = deque(maxlen=4000)
-_log_state = {"verbose": False, "partial": ""}
+_log_state: dict = {"verbose": False, "partial": "", "hook": None}
 _log_lock = threading.Lock()
 
 
@@ -50,6 +52,12 @@ def _on_log(level: int, text: bytes | None, _user: ctypes.c_void_p) -> None:
         buf = _log_state["partial"] + chunk
         *lines, _log_state["partial"] = buf.split("\n")
         _LOG_LINES.extend(lines)
+    hook = _log_state["hook"]
+    if hook is not None:
+        try:
+            hook(chunk)
+        except Exception:  # a progress display must never break llama.cpp's call
+            pass
     if _log_state["verbose"]:
         sys.stderr.write(chunk)
 
@@ -80,6 +88,54 @@ def _last_error_line() -> str:
         if "error" in low or "failed" in low or "exception" in low:
             return line
     return ""
+
+
+# llama.cpp's quantizer logs "[   3/ 291] blk.0.attn_q.weight - [...]" as it starts each tensor
+# (src/llama-quant.cpp, llama_model_quantize_impl); there is no progress callback in its params
+_QUANT_PROGRESS = re.compile(r"\[\s*(\d+)/\s*(\d+)\]\s+(\S+)")
+
+
+def quantize_model(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    ftype: str,
+    *,
+    n_threads: int | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> None:
+    """Run llama.cpp's quantizer: `src` GGUF -> `dst` GGUF of file type `ftype` ("Q4_K_M", ...).
+
+    Every metadata key of `src` is copied (llama.cpp copies the whole KV section and updates
+    general.file_type). `progress(i, n, tensor_name)` is called as tensor i of n starts. The call
+    runs in a worker thread so that Ctrl-C reaches the caller; llama.cpp itself cannot be
+    interrupted, so the worker may still be writing `dst` when KeyboardInterrupt propagates.
+    Raises EngineError with llama.cpp's own error line on failure."""
+    value = getattr(_llama, f"LLAMA_FTYPE_MOSTLY_{ftype.upper()}", None)
+    if value is None:
+        raise EngineError(f"this llama.cpp has no quantization type {ftype}")
+    params = _llama.llama_model_quantize_default_params()
+    params.nthread = int(n_threads or 0)  # 0: all cores
+    params.ftype = int(value)
+    result: dict[str, int] = {}
+
+    def on_log(chunk: str) -> None:
+        m = _QUANT_PROGRESS.search(chunk)
+        if m and progress is not None:
+            progress(int(m.group(1)), int(m.group(2)), m.group(3))
+
+    def work() -> None:
+        result["rc"] = int(_llama.llama_model_quantize(os.fsencode(src), os.fsencode(dst), ctypes.byref(params)))
+
+    _log_state["hook"] = on_log
+    try:
+        worker = threading.Thread(target=work, name="llama-quantize", daemon=True)
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.1)
+    finally:
+        _log_state["hook"] = None
+    if result.get("rc", 1) != 0:
+        raise EngineError(_last_error_line() or "llama_model_quantize failed")
 
 
 @dataclass(frozen=True)

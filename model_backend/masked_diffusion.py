@@ -154,8 +154,8 @@ def masked_denoiser(
                 proposal = sampling.propose(
                     logits,
                     temperature=float(params.temperature or 0.0),
-                    top_k=params.top_k,
-                    top_p=params.top_p,
+                    top_k=params.top_k or 0,
+                    top_p=1.0 if params.top_p is None else params.top_p,
                     algorithm=params.algorithm,
                     rng=rng,
                 )

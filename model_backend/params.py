@@ -23,8 +23,8 @@ class DiffusionParams:
     algorithm: str | None = None
     eps: float | None = None  # Dream-style timestep schedule: t runs from 1 to eps
     temperature: float | None = None
-    top_k: int = 0
-    top_p: float = 1.0
+    top_k: int | None = None  # unset: the model's default, else 0 (off)
+    top_p: float | None = None  # unset: the model's default, else 1.0 (off)
     cfg_scale: float = 0.0  # classifier-free guidance (unconditional pass with the prompt masked)
     threshold: float | None = None  # Fast-dLLM: commit every position with confidence >= threshold
     factor: float | None = None  # Fast-dLLM "factor" parallel decoding
@@ -80,9 +80,9 @@ class DiffusionParams:
             bad(f"--eps must be in [0, 1) (got {self.eps})")
         if self.temperature is not None and self.temperature < 0:
             bad(f"--temperature must be >= 0 (got {self.temperature})")
-        if self.top_k < 0:
+        if self.top_k is not None and self.top_k < 0:
             bad(f"--top-k must be >= 0 (got {self.top_k})")
-        if not 0.0 < self.top_p <= 1.0:
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             bad(f"--top-p must be in (0, 1] (got {self.top_p})")
         if self.cfg_scale < 0:
             bad(f"--cfg-scale must be >= 0 (got {self.cfg_scale})")

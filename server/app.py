@@ -480,7 +480,7 @@ class ApiServer:
         ext = openai_api.parse_dgchat(body)
         ext.pop("canvas", None)
         params = DiffusionParams(temperature=openai_api._float(body, "temperature", 0.0, 2.0),
-                                 top_p=openai_api._float(body, "top_p", 0.0, 1.0) or 1.0, **ext)
+                                 top_p=openai_api._float(body, "top_p", 0.0, 1.0), **ext)
         params.validate()
         spec = LineSpec(card=card, context=body.get("context", ""), situation=body.get("situation", ""),
                         template=template, variables={str(k): str(v) for k, v in variables.items()}, count=n,

@@ -202,7 +202,7 @@ def base_params(body: dict, ext: dict[str, Any], logit_bias: tuple) -> Diffusion
         raise bad("`top_p` must be greater than 0", "top_p")
     return DiffusionParams(
         temperature=_float(body, "temperature", 0.0, 2.0),
-        top_p=top_p if top_p is not None else 1.0,
+        top_p=top_p,
         logit_bias=logit_bias,
         **sampler,
     )

@@ -1,8 +1,11 @@
 """Per-family conversion modules and the registry that picks one for a source.
 
 A family module exposes `NAME`, `HF_ARCHITECTURES` (values of config.json "architectures" it
-converts) and `plan_from_hf(checkpoint, outtype, name) -> GGUFPlan`. GGUF -> GGUF remaps of
-foreign layouts live in `dgchat.convert.gguf_remap`, keyed by the source's general.architecture.
+converts) and `plan_from_hf(checkpoint, outtype, name, *, cache_capable=False) -> GGUFPlan`.
+The masked-diffusion families (llada, dream, llada_moe, rnd1) also expose `FAMILY`
+(`dgchat.convert.families.masked.Family`: their llama.cpp architecture, its cache-capable twin,
+sampler defaults); what they share lives in `masked`. GGUF -> GGUF remaps live in
+`dgchat.convert.gguf_remap`, keyed by the source's general.architecture.
 """
 
 from __future__ import annotations
@@ -10,9 +13,10 @@ from __future__ import annotations
 from types import ModuleType
 
 from dgchat.convert.errors import ConvertError
-from dgchat.convert.families import diffusion_gemma
+from dgchat.convert.families import diffusion_gemma, dream, llada, llada_moe, rnd1
 
-FAMILIES: tuple[ModuleType, ...] = (diffusion_gemma,)
+FAMILIES: tuple[ModuleType, ...] = (diffusion_gemma, llada, llada_moe, dream, rnd1)
+MASKED: tuple[ModuleType, ...] = (llada, llada_moe, dream, rnd1)
 
 
 def supported_hf_architectures() -> list[str]:
@@ -30,3 +34,12 @@ def family_for_hf(config: dict) -> ModuleType:
     raise ConvertError(
         f"unsupported architecture {found}; supported: {', '.join(supported_hf_architectures())}"
     )
+
+
+def masked_family_for_gguf(arch: str, dgchat_family: str | None) -> ModuleType | None:
+    """The masked family a GGUF belongs to: by its llama.cpp diffusion architecture, or, for a
+    cache-capable file (`llama`, `qwen2`, ...), by the `dgchat.family` key dgchat wrote."""
+    for fam in MASKED:
+        if arch == fam.FAMILY.gguf_arch or (dgchat_family == fam.NAME and arch == fam.FAMILY.cache_arch):
+            return fam
+    return None

@@ -28,6 +28,7 @@ from dgchat.convert.checkpoint import Checkpoint
 from dgchat.convert.errors import ConvertError
 from dgchat.convert.tokenizer_gguf import read_hf_tokenizer
 from dgchat.convert.writer import GGUFPlan, TensorPlan, encode, pick_type
+from dgchat.convert.writer import finish_plan as writer_finish_plan
 
 NAME = "diffusion-gemma"
 HF_ARCHITECTURES = ("DiffusionGemmaForBlockDiffusion",)
@@ -297,12 +298,7 @@ def rope_freqs(hp: Hparams) -> np.ndarray:
     return np.array([1.0] * hp.full_rope_pairs + [1e30] * (n - hp.full_rope_pairs), dtype=np.float32)
 
 
-def finish_plan(plan: GGUFPlan, name: str) -> None:
-    plan.string("general.name", name)
-    plan.u32("general.file_type", plan.file_type())
-    if any(t.qtype not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
-           for t in plan.tensors):
-        plan.u32("general.quantization_version", 2)
+finish_plan = writer_finish_plan
 
 
 # HF decoder-layer parameter -> GGUF tensor (blk.N.<name>)
@@ -353,7 +349,8 @@ def _ckpt_tensor(ckpt: Checkpoint, src: str, shape: tuple[int, ...], dst: str, o
     dtype = ckpt.info(src).dtype
     ckpt.load(src, shape)  # shape check now, before anything is written
     qtype = pick_type(outtype, dtype, shape, keep_f32=dst.endswith(_KEEP_F32))
-    return TensorPlan(dst, shape, qtype, lambda: encode(ckpt.load(src), dtype, qtype))
+    return TensorPlan(dst, shape, qtype, lambda: encode(ckpt.load(src), dtype, qtype),
+                      release=lambda: ckpt.release(src))
 
 
 def _const_tensor(name: str, values: np.ndarray) -> TensorPlan:
@@ -370,9 +367,11 @@ def eos_ids_from(gen: dict[str, Any] | None, config: dict[str, Any]) -> list[int
     return [int(v) for v in (value if isinstance(value, list) else [value])]
 
 
-def plan_from_hf(ckpt: Checkpoint, outtype: str, name: str) -> GGUFPlan:
+def plan_from_hf(ckpt: Checkpoint, outtype: str, name: str, *, cache_capable: bool = False) -> GGUFPlan:
     hp = hparams_from_config(ckpt.config)
     plan = GGUFPlan(GGUF_ARCH)
+    if cache_capable:
+        plan.notes.append("--cache-capable: gemma4 already keeps a KV cache; nothing to change")
     gen = ckpt.generation_config
     tc = ckpt.config.get("text_config") or {}
 

@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dgchat.hub.offline import enforce_offline
+
+    enforce_offline()  # no hub request unless the user asks for a download (docs/MODELS.md)
     parser = build_parser()
     args = parser.parse_args(argv)
     from dgchat.model_backend.errors import DgchatError

@@ -81,7 +81,13 @@ def params_from_args(args: argparse.Namespace) -> DiffusionParams:
 def resolve_model_path(arg: str | None) -> Path:
     """The model to use: the argument, else $DGCHAT_MODEL, else the configured default, else the bundled model."""
     if arg:
-        return Path(arg).expanduser()
+        path = Path(arg).expanduser()
+        if path.exists() or path.suffix == ".gguf" or "/" in arg:
+            return path
+        # not a file: an installed or bundled model's name (`dgchat models list`)
+        from dgchat.hub.manager import ModelManager
+
+        return ModelManager().model_path(arg)
     env = os.environ.get("DGCHAT_MODEL")
     if env:
         return Path(env).expanduser()

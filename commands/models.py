@@ -1,0 +1,373 @@
+"""`dgchat models`: list, pull, rm, import and verify models (plus login and hardware).
+
+Everything here is a thin layer over dgchat.hub (docs/MODELS.md); only `pull` and `login` use the
+network, and only when asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from typing import Any
+
+from dgchat.commands.common import add_common
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "models", help="list, download, import, verify and remove models",
+        description="Manage models: the catalog (assets/catalog.toml), installed models, and GGUFs already in the "
+        "Hugging Face cache. Only `pull` and `login` use the network.",
+    )
+    add_common(p)
+    msub = p.add_subparsers(dest="models_command", metavar="ACTION", parser_class=type(p))
+    msub.required = True
+
+    ls = msub.add_parser("list", help="catalog + installed + Hugging Face cache, with fit badges")
+    ls.add_argument("--json", action="store_true", help="one JSON object: hardware, models, recommendation")
+    ls.add_argument("--no-hf-cache", action="store_true", help="do not look into the Hugging Face cache")
+    _add_hw_flags(ls)
+
+    pull = msub.add_parser("pull", help="download (and convert) a catalog model; resumes a stopped download")
+    pull.add_argument("name", help="catalog name (see `dgchat models list`)")
+    pull.add_argument("--token", help="Hugging Face token for this pull (default: HF_TOKEN or the stored login)")
+    pull.add_argument("--no-hf-cache", action="store_true", help="download even if the Hugging Face cache has it")
+    pull.add_argument("--retries", type=int, default=5, metavar="N", help="reconnects without progress (default 5)")
+
+    rm = msub.add_parser("rm", help="remove an installed model (deletes only files dgchat downloaded or converted)")
+    rm.add_argument("name")
+    rm.add_argument("--keep-file", action="store_true", help="forget the model but leave its file")
+
+    imp = msub.add_parser("import", help="register a local GGUF (validated; the file stays where it is)")
+    imp.add_argument("path")
+    imp.add_argument("--name", help="name to register it under (default: from the file name)")
+    imp.add_argument("--convert", action="store_true",
+                     help="upstream diffusion-gemma layout: write a converted copy into the models folder")
+
+    ver = msub.add_parser("verify", help="re-hash installed models against the sha256 recorded at install")
+    ver.add_argument("names", nargs="*", metavar="NAME", help="default: every installed model")
+
+    login = msub.add_parser("login", help="store a Hugging Face token (for gated repos) in the hub's token storage")
+    login.add_argument("--token", help="the token (default: read from standard input, or prompted)")
+    login.add_argument("--no-validate", action="store_true", help="store it without asking the hub who it belongs to")
+
+    hw = msub.add_parser("hardware", help="show the detected hardware; correct values the detection got wrong")
+    hw.add_argument("--ram", metavar="SIZE", help="total RAM, e.g. 32G")
+    hw.add_argument("--vram", metavar="SIZE", help="GPU memory, e.g. 24G (0 for none)")
+    hw.add_argument("--cores", type=int, metavar="N", help="CPU cores")
+    hw.add_argument("--gpu-offload", choices=("yes", "no"), help="whether llama.cpp offloads to the GPU")
+    hw.add_argument("--reset", action="store_true", help="forget every correction")
+    hw.add_argument("--json", action="store_true")
+
+
+def _add_hw_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("hardware for the fit badges (this run only; `dgchat models hardware` saves them)")
+    g.add_argument("--ram", metavar="SIZE", help="assume this much RAM, e.g. 16G")
+    g.add_argument("--vram", metavar="SIZE", help="assume this much free GPU memory, e.g. 8G")
+    g.add_argument("--no-gpu", action="store_true", help="assume no GPU offload")
+
+
+def run(args: argparse.Namespace) -> int:
+    handler = {
+        "list": _list, "pull": _pull, "rm": _rm, "import": _import, "verify": _verify, "login": _login,
+        "hardware": _hardware,
+    }[args.models_command]
+    return handler(args)
+
+
+# -- list ---------------------------------------------------------------------------------------------
+
+
+def _hardware_for(args: argparse.Namespace, models_dir) -> Any:
+    from dgchat.hub.hardware import detect_hardware
+    from dgchat.hub.util import parse_size
+
+    hw = detect_hardware(models_dir)
+    changes: dict[str, Any] = {}
+    if getattr(args, "ram", None):
+        changes["ram_total"] = parse_size(args.ram)
+    if getattr(args, "vram", None):
+        changes["vram_total"] = parse_size(args.vram)
+        changes["vram_free"] = changes["vram_total"]
+        changes["gpu_offload"] = changes["vram_total"] > 0
+    if getattr(args, "no_gpu", False):
+        changes["gpu_offload"] = False
+    return hw.with_overrides(**changes) if changes else hw
+
+
+def _list(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from dgchat.hub.manager import ModelManager
+    from dgchat.hub.util import format_bytes
+
+    mgr = ModelManager()
+    hw = _hardware_for(args, mgr.models_dir)
+    rows = mgr.listing(hw, include_hf_cache=not args.no_hf_cache)
+    rec = next((r.name for r in rows if r.recommended), None)
+    if args.json:
+        print(json.dumps({"hardware": hw.as_dict(), "recommended": rec, "models": [r.as_dict() for r in rows]},
+                         ensure_ascii=False, indent=2))
+        return 0
+    console = Console(highlight=False, soft_wrap=False)
+    for label, value in hw.summary():
+        console.print(f"[bold]{label + ':':<12}[/] {value}", overflow="ignore", crop=False)
+    for note in hw.notes:
+        console.print(f"[dim]note: {note}[/]", overflow="ignore", crop=False)
+    header = ("", "NAME", "SIZE", "STATUS", "FIT", "NEEDS")
+    lines = []
+    for r in rows:
+        size = format_bytes(r.size) if r.size_exact else f"~{format_bytes(r.size)}"
+        status = r.status
+        if r.partial is not None:
+            status = f"partial {100 * r.partial.done / r.partial.total:.0f}%" if r.partial.total else "partial"
+        lines.append(("*" if r.recommended else "", r.name, size, status, r.fit.badge if r.fit else "-",
+                      format_bytes(r.fit.need) if r.fit else "-"))
+    if console.is_terminal:
+        table = Table(box=None, pad_edge=False, show_edge=False)
+        for col in header:
+            table.add_column(col, no_wrap=True)
+        for line in lines:
+            style = {"fits in VRAM": "green", "runs from RAM, slower": "yellow", "will not fit": "red"}.get(line[4])
+            table.add_row(*line[:4], f"[{style}]{line[4]}[/]" if style else line[4], line[5])
+        console.print(table)
+    else:  # a pipe or a file: plain columns, never truncated
+        widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
+        for line in (header, *lines):
+            print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
+    if rec:
+        here = any(r.name == rec and r.status in ("installed", "bundled") for r in rows)
+        console.print(f"* recommended for this machine: [bold]{rec}[/]"
+                      + (" (installed)" if here else f"  (`dgchat models pull {rec}`)"), overflow="ignore", crop=False)
+    return 0
+
+
+# -- pull ---------------------------------------------------------------------------------------------
+
+
+class _ProgressView:
+    """Progress reports -> a rich bar on a terminal, plain lines otherwise."""
+
+    LABELS = {"resolving": "resolving", "downloading": "downloading", "verifying": "verifying sha256",
+              "converting": "converting", "done": "done"}
+
+    def __init__(self) -> None:
+        from rich.console import Console
+
+        self.console = Console(stderr=True, highlight=False)
+        self.live = self.console.is_terminal
+        self.bar = None
+        self.task = None
+        self.phase = None
+        self.last_message = ""
+
+    def __enter__(self) -> _ProgressView:
+        if self.live:
+            from rich.progress import BarColumn, Progress, TextColumn
+
+            self.bar = Progress(TextColumn("{task.description:<18}"), BarColumn(), TextColumn("{task.fields[info]}"),
+                                console=self.console, transient=False)
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def __call__(self, p) -> None:  # p: dgchat.hub.download.Progress
+        from dgchat.hub.util import format_bytes
+
+        info = format_bytes(p.done) + (f" / {format_bytes(p.total)}" if p.total else "")
+        if p.phase == "downloading":
+            if p.speed:
+                info += f"  {format_bytes(p.speed)}/s"
+            if p.eta is not None:
+                m, s = divmod(int(p.eta), 60)
+                h, m = divmod(m, 60)
+                info += f"  ETA {h}:{m:02d}:{s:02d}" if h else f"  ETA {m}:{s:02d}"
+            if p.resumed_from:
+                info += f"  (resumed at {format_bytes(p.resumed_from)})"
+        label = self.LABELS.get(p.phase, p.phase)
+        if self.bar is not None:
+            if p.phase != self.phase and self.task is not None:
+                # a finished phase shows as finished (its last report may have been throttled away)
+                task = self.bar.tasks[-1]
+                done = format_bytes(task.total) if task.total else "ok"
+                self.bar.update(self.task, total=task.total or 1, completed=task.total or 1, info=done)
+            if p.phase == "done":
+                self.task = None
+            elif p.phase != self.phase:
+                self.task = self.bar.add_task(label, total=p.total or None, info=info)
+            if self.task is not None:
+                self.bar.update(self.task, completed=p.done, total=p.total or None, info=info)
+            if p.message and p.message != self.last_message:
+                self.bar.console.print(f"[yellow]{p.message}[/]")
+        else:
+            if p.phase != self.phase and p.phase != "done":
+                self.console.print(f"{label}: {p.name}" + (f" ({info})" if p.phase == "downloading" else ""))
+            if p.message and p.message != self.last_message:
+                self.console.print(p.message)
+        self.phase = p.phase
+        self.last_message = p.message or self.last_message
+
+
+def _with_cancel(fn):
+    """Run fn(cancel) with Ctrl-C setting `cancel` (a second Ctrl-C interrupts at once)."""
+    cancel = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        return fn(cancel)
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(_sig: int, _frame: Any) -> None:
+        if cancel.is_set():
+            raise KeyboardInterrupt
+        cancel.set()
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        return fn(cancel)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from dgchat.hub.errors import DownloadCancelled
+    from dgchat.hub.manager import ModelManager
+    from dgchat.hub.util import format_bytes
+
+    mgr = ModelManager()
+    try:
+        with _ProgressView() as view:
+            res = _with_cancel(lambda cancel: mgr.pull(args.name, token=args.token, progress=view, cancel=cancel,
+                                                       use_hf_cache=not args.no_hf_cache, retries=args.retries))
+    except DownloadCancelled as exc:
+        sys.stderr.write(f"dgchat: {exc}\n")
+        return 130
+    for note in res.notes:
+        print(f"note: {note}")
+    if res.action == "bundled":
+        print(f"{args.name} ships with dgchat: {res.path}")
+    elif res.action == "already installed":
+        print(f"{res.model.name} is already installed: {res.path}")
+    else:
+        m = res.model
+        how = f", checked by {m.verified_by}" if m.verified_by else ""
+        print(f"installed {m.name} ({res.action}): {res.path} ({format_bytes(m.size)}, sha256 {m.sha256[:16]}...{how})")
+    return 0
+
+
+# -- rm / import / verify -------------------------------------------------------------------------------
+
+
+def _rm(args: argparse.Namespace) -> int:
+    from dgchat.hub.manager import ModelManager
+
+    res = ModelManager().remove(args.name, delete_files=not args.keep_file)
+    for path in res.deleted:
+        print(f"deleted {path}")
+    for path in res.kept:
+        print(f"kept {path} (not a file dgchat downloaded)" if not args.keep_file else f"kept {path}")
+    if res.partial_removed:
+        print(f"removed the partial download of {res.name}")
+    print(f"removed {res.name}")
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    from dgchat.hub.manager import ModelManager
+    from dgchat.hub.util import format_bytes
+
+    with _ProgressView() as view:
+        model = _with_cancel(lambda cancel: ModelManager().import_model(
+            args.path, name=args.name, convert=args.convert, progress=view, cancel=cancel))
+    print(f"imported {model.name}: {model.path} ({model.architecture}, {format_bytes(model.size)}, "
+          f"sha256 {model.sha256[:16]}...)")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from dgchat.hub.errors import VerificationError
+    from dgchat.hub.manager import ModelManager
+    from dgchat.model_backend.errors import DgchatError
+
+    mgr = ModelManager()
+    names = args.names or [m.name for m in mgr.installed()]
+    if not names:
+        print("no installed models to verify")
+        return 0
+    bad = 0
+    for name in names:
+        try:
+            with _ProgressView() as view:
+                res = _with_cancel(lambda cancel, n=name: mgr.verify(n, progress=view, cancel=cancel))
+        except (VerificationError, DgchatError) as exc:
+            if len(names) == 1:
+                raise
+            bad += 1
+            sys.stderr.write(f"dgchat: error: {exc}\n")
+            continue
+        print(f"ok {res.name}: {res.path} (sha256 {res.sha256[:16]}...)")
+    if bad:
+        sys.stderr.write(f"dgchat: error: {bad} of {len(names)} models failed verification\n")
+        return 2
+    return 0
+
+
+# -- login / hardware -----------------------------------------------------------------------------------
+
+
+def _login(args: argparse.Namespace) -> int:
+    from dgchat.hub.tokens import store_token
+
+    token = args.token
+    if token is None:
+        if sys.stdin is not None and not sys.stdin.isatty():
+            token = sys.stdin.readline()
+        else:
+            import getpass
+
+            token = getpass.getpass("Hugging Face token (input hidden): ")
+    info = store_token(token, validate=not args.no_validate)
+    who = f" for {info.user}" if info.user else ""
+    print(f"token stored{who} as {info.token_name!r} in the Hugging Face token storage")
+    return 0
+
+
+def _hardware(args: argparse.Namespace) -> int:
+    from dgchat.hub import paths
+    from dgchat.hub.hardware import (
+        clear_hardware_overrides,
+        detect_hardware,
+        load_hardware_overrides,
+        save_hardware_overrides,
+    )
+    from dgchat.hub.util import parse_size
+
+    if args.reset:
+        clear_hardware_overrides()
+    changes: dict[str, Any] = {}
+    if args.ram:
+        changes["ram_total"] = parse_size(args.ram)
+    if args.vram:
+        changes["vram_total"] = parse_size(args.vram)
+    if args.cores is not None:
+        changes["cpu_cores"] = args.cores
+    if args.gpu_offload:
+        changes["gpu_offload"] = args.gpu_offload == "yes"
+    if changes:
+        saved = load_hardware_overrides()
+        saved.update(changes)
+        save_hardware_overrides(saved)
+    hw = detect_hardware(paths.models_dir())
+    if args.json:
+        print(json.dumps(hw.as_dict(), indent=2))
+        return 0
+    for label, value in hw.summary():
+        print(f"{label + ':':<13} {value}")
+    for note in hw.notes:
+        print(f"note: {note}")
+    return 0

@@ -1,0 +1,321 @@
+"""The model catalog: assets/catalog.toml, validated into typed entries with clear errors.
+
+An entry is a real file on the Hugging Face hub (repo + filename + revision), or the bundled model
+(`bundled = true`, no download). Every field is documented at the top of assets/catalog.toml and in
+docs/MODELS.md.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dgchat.hub.errors import CatalogError
+
+SCHEMA = 1
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,79}$")
+REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+FAMILIES = ("diffusion_gemma", "llada", "llada_moe", "dream", "rnd1", "tiny")
+# sampler keys a catalog may recommend (DiffusionParams fields that describe a model, not a run)
+SAMPLER_KEYS: dict[str, type] = {
+    "steps": int, "gen_length": int, "block_length": int, "algorithm": str, "eps": float, "temperature": float,
+    "top_k": int, "top_p": float, "threshold": float, "alg_temp": float, "max_tokens": int, "cache": str,
+    "entropy_bound": float, "t_min": float, "t_max": float, "stability_threshold": int,
+    "confidence_threshold": float,
+}
+_TOP_KEYS = ("schema", "models")
+_ENTRY_KEYS = ("name", "title", "description", "family", "repo", "filename", "revision", "size", "size_exact",
+               "sha256", "convert", "context", "rank", "bundled", "arch", "sampler")
+_ARCH_KEYS = ("n_layer", "n_head_kv", "head_dim", "n_layer_swa", "sliding_window", "n_head_kv_full",
+              "head_dim_full", "extra_bytes")
+
+
+@dataclass(frozen=True)
+class ArchInfo:
+    """What the memory estimate needs to know about the network (docs/MODELS.md, "Fit estimate")."""
+
+    n_layer: int
+    n_head_kv: int
+    head_dim: int
+    n_layer_swa: int = 0  # layers with sliding-window attention (their KV holds at most sliding_window tokens)
+    sliding_window: int | None = None
+    n_head_kv_full: int | None = None  # full-attention layers, when they differ from the sliding ones
+    head_dim_full: int | None = None
+    extra_bytes: int = 0  # runtime buffers beyond weights and KV cache (e.g. logits over a large vocabulary)
+
+    def kv_bytes(self, context: int, bytes_per_value: int = 2) -> int:
+        """K and V (f16: 2 bytes) for `context` tokens over every layer."""
+        n_swa = self.n_layer_swa if self.sliding_window else 0
+        n_full = self.n_layer - n_swa
+        full = n_full * (self.n_head_kv_full or self.n_head_kv) * (self.head_dim_full or self.head_dim) * context
+        swa = n_swa * self.n_head_kv * self.head_dim * min(context, self.sliding_window or context)
+        return 2 * bytes_per_value * (full + swa)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in _ARCH_KEYS if getattr(self, k) not in (None, 0) or k in
+                ("n_layer", "n_head_kv", "head_dim")}
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    name: str  # what the user types: `dgchat models pull NAME`
+    title: str
+    description: str
+    family: str
+    repo: str | None  # None for the bundled model
+    filename: str | None  # path of the file inside the repo
+    revision: str
+    size: int  # bytes; approximate unless size_exact
+    size_exact: bool
+    sha256: str | None  # None: taken from the hub's LFS etag at download time
+    convert: bool  # needs `dgchat convert` after download (upstream diffusion-gemma layout)
+    context: int  # tokens the memory estimate assumes
+    rank: int  # higher = preferred when several fit
+    arch: ArchInfo
+    sampler: dict[str, Any] = field(default_factory=dict)
+    bundled: bool = False
+
+    @property
+    def downloadable(self) -> bool:
+        return not self.bundled
+
+    @property
+    def download_name(self) -> str:
+        """The file name the download lands under (the repo file's base name)."""
+        assert self.filename is not None
+        return self.filename.rsplit("/", 1)[-1]
+
+    @property
+    def installed_name(self) -> str:
+        """The file name in the models folder: converted entries get `<stem>.dgchat.gguf`."""
+        if self.bundled:
+            from dgchat.assets import BUNDLED_MODEL_NAME
+
+            return BUNDLED_MODEL_NAME
+        name = self.download_name
+        if self.convert:
+            stem = name[:-5] if name.lower().endswith(".gguf") else name
+            return f"{stem}.dgchat.gguf"
+        return name
+
+    def sampler_params(self):  # -> DiffusionParams (imported lazily: no numpy at catalog load)
+        from dgchat.model_backend.params import DiffusionParams
+
+        return DiffusionParams(**self.sampler)
+
+
+@dataclass(frozen=True)
+class Catalog:
+    entries: tuple[CatalogEntry, ...]
+    path: Path
+
+    def __iter__(self):
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def find(self, name: str) -> CatalogEntry | None:
+        key = name.strip().lower()
+        for e in self.entries:
+            if e.name == key:
+                return e
+        return None
+
+    def get(self, name: str) -> CatalogEntry:
+        entry = self.find(name)
+        if entry is None:
+            raise CatalogError(f"no model named {name!r} in the catalog (known: {', '.join(self.names())})")
+        return entry
+
+    def names(self) -> list[str]:
+        return [e.name for e in self.entries]
+
+    @property
+    def bundled(self) -> CatalogEntry:
+        return next(e for e in self.entries if e.bundled)
+
+    def by_file(self, repo: str, filename: str) -> CatalogEntry | None:
+        for e in self.entries:
+            if e.repo == repo and e.filename == filename:
+                return e
+        return None
+
+
+def default_catalog_path() -> Path:
+    from dgchat.assets import ASSETS_DIR
+
+    return ASSETS_DIR / "catalog.toml"
+
+
+def load_catalog(path: str | Path | None = None) -> Catalog:
+    """Read and validate a catalog (default: the shipped assets/catalog.toml)."""
+    path = Path(path) if path is not None else default_catalog_path()
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CatalogError(f"model catalog not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogError(f"{path}: not valid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CatalogError(f"{path}: cannot be read: {exc}") from None
+    return parse_catalog(raw, path)
+
+
+def parse_catalog(raw: dict[str, Any], path: Path) -> Catalog:
+    for key in raw:
+        if key not in _TOP_KEYS:
+            raise CatalogError(f"{path}: unknown top-level key {key!r} (known: {', '.join(_TOP_KEYS)})")
+    if raw.get("schema") != SCHEMA:
+        raise CatalogError(f"{path}: schema must be {SCHEMA} (got {raw.get('schema')!r})")
+    models = raw.get("models")
+    if not isinstance(models, list) or not models:
+        raise CatalogError(f"{path}: no [[models]] entries")
+    entries: list[CatalogEntry] = []
+    seen: set[str] = set()
+    files: set[tuple[str, str]] = set()
+    for i, item in enumerate(models):
+        if not isinstance(item, dict):
+            raise CatalogError(f"{path}: models[{i}] must be a table")
+        entry = _entry(item, path, i)
+        if entry.name in seen:
+            raise CatalogError(f"{path}: model name {entry.name!r} appears twice")
+        seen.add(entry.name)
+        if entry.repo is not None and entry.filename is not None:
+            if (entry.repo, entry.filename) in files:
+                raise CatalogError(f"{path}: model {entry.name}: {entry.repo}/{entry.filename} is listed twice")
+            files.add((entry.repo, entry.filename))
+        entries.append(entry)
+    n_bundled = sum(e.bundled for e in entries)
+    if n_bundled != 1:
+        raise CatalogError(f"{path}: exactly one entry must be the bundled model (bundled = true); found {n_bundled}")
+    return Catalog(tuple(entries), path)
+
+
+class _Table:
+    """Typed access to one TOML table with errors that name the file, the entry and the key."""
+
+    def __init__(self, data: dict[str, Any], where: str, known: tuple[str, ...]) -> None:
+        self.data = data
+        self.where = where
+        for key in data:
+            if key not in known:
+                raise CatalogError(f"{where}: unknown key {key!r} (known: {', '.join(known)})")
+
+    def fail(self, key: str, what: str) -> CatalogError:
+        value = self.data.get(key)
+        return CatalogError(f"{self.where}: {key} must be {what} (got {value!r})")
+
+    def str(self, key: str, required: bool = True, default: str | None = None) -> str | None:
+        if key not in self.data:
+            if required:
+                raise CatalogError(f"{self.where}: missing key {key!r}")
+            return default
+        value = self.data[key]
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(key, "a non-empty string")
+        return value.strip()
+
+    def int(self, key: str, required: bool = True, default: int | None = None, lo: int = 0) -> int | None:
+        if key not in self.data:
+            if required:
+                raise CatalogError(f"{self.where}: missing key {key!r}")
+            return default
+        value = self.data[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+            raise self.fail(key, f"an integer >= {lo}")
+        return value
+
+    def bool(self, key: str, default: bool = False) -> bool:
+        if key not in self.data:
+            return default
+        value = self.data[key]
+        if not isinstance(value, bool):
+            raise self.fail(key, "true or false")
+        return value
+
+
+def _entry(item: dict[str, Any], path: Path, index: int) -> CatalogEntry:
+    label = item.get("name") if isinstance(item.get("name"), str) else f"models[{index}]"
+    t = _Table(item, f"{path}: model {label}", _ENTRY_KEYS)
+    name = t.str("name")
+    assert name is not None
+    if not NAME_RE.match(name):
+        raise t.fail("name", "lower-case letters, digits, '.', '_' or '-' (at most 80, starting with a letter "
+                             "or digit)")
+    bundled = t.bool("bundled")
+    repo = t.str("repo", required=not bundled)
+    filename = t.str("filename", required=not bundled)
+    if bundled and (repo is not None or filename is not None):
+        raise CatalogError(f"{t.where}: the bundled model has no repo or filename (it ships with dgchat)")
+    if repo is not None and not REPO_RE.match(repo):
+        raise t.fail("repo", "'owner/name' as on the hub")
+    if filename is not None:
+        parts = filename.split("/")
+        if filename.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\\" in filename:
+            raise t.fail("filename", "a relative path inside the repo")
+        if not filename.lower().endswith(".gguf"):
+            raise t.fail("filename", "a .gguf file")
+    family = t.str("family")
+    if family not in FAMILIES:
+        raise t.fail("family", "one of " + ", ".join(FAMILIES))
+    sha = t.str("sha256", required=False)
+    if sha is not None:
+        sha = sha.lower()
+        if not SHA256_RE.match(sha):
+            raise t.fail("sha256", "64 hexadecimal digits")
+    convert = t.bool("convert")
+    if convert and bundled:
+        raise CatalogError(f"{t.where}: the bundled model cannot need conversion")
+    arch_raw = item.get("arch")
+    if not isinstance(arch_raw, dict):
+        raise CatalogError(f"{t.where}: missing [models.arch] table (n_layer, n_head_kv, head_dim)")
+    a = _Table(arch_raw, f"{t.where}: arch", _ARCH_KEYS)
+    arch = ArchInfo(
+        n_layer=a.int("n_layer", lo=1), n_head_kv=a.int("n_head_kv", lo=1), head_dim=a.int("head_dim", lo=1),
+        n_layer_swa=a.int("n_layer_swa", required=False, default=0), sliding_window=a.int(
+            "sliding_window", required=False, lo=1),
+        n_head_kv_full=a.int("n_head_kv_full", required=False, lo=1),
+        head_dim_full=a.int("head_dim_full", required=False, lo=1),
+        extra_bytes=a.int("extra_bytes", required=False, default=0),
+    )  # type: ignore[arg-type]
+    if arch.n_layer_swa > arch.n_layer:
+        raise a.fail("n_layer_swa", f"at most n_layer ({arch.n_layer})")
+    if arch.n_layer_swa and not arch.sliding_window:
+        raise CatalogError(f"{a.where}: n_layer_swa needs sliding_window")
+    sampler = _sampler(item.get("sampler", {}), f"{t.where}: sampler")
+    return CatalogEntry(
+        name=name, title=t.str("title") or name, description=t.str("description") or "", family=family,
+        repo=repo, filename=filename, revision=t.str("revision", required=False, default="main") or "main",
+        size=t.int("size", lo=1) or 0, size_exact=t.bool("size_exact"), sha256=sha, convert=convert,
+        context=t.int("context", lo=64) or 0, rank=t.int("rank", required=False, default=0) or 0, arch=arch,
+        sampler=sampler, bundled=bundled,
+    )
+
+
+def _sampler(raw: Any, where: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise CatalogError(f"{where}: must be a table")
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        typ = SAMPLER_KEYS.get(key)
+        if typ is None:
+            raise CatalogError(f"{where}: unknown key {key!r} (known: {', '.join(SAMPLER_KEYS)})")
+        if typ is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if isinstance(value, bool) or not isinstance(value, typ):
+            what = {int: "an integer", float: "a number", str: "a string"}[typ]
+            raise CatalogError(f"{where}: {key} must be {what} (got {value!r})")
+        out[key] = value
+    from dgchat.model_backend.errors import InvalidParameterError
+    from dgchat.model_backend.params import DiffusionParams
+
+    try:
+        DiffusionParams(**out).validate()
+    except InvalidParameterError as exc:
+        raise CatalogError(f"{where}: {exc}") from None
+    return out

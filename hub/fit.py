@@ -1,0 +1,232 @@
+"""Will a model fit this machine? One stated estimate, three badges, and a recommendation.
+
+    need      = weights + kv_cache + overhead
+    weights   = the GGUF file size (llama.cpp maps the file; all of it is resident while generating)
+    kv_cache  = 2 (K and V) x 2 bytes (f16) x sum over layers of n_head_kv x head_dim x tokens,
+                tokens = context for full-attention layers, min(context, sliding_window) for
+                sliding-window layers (full layers may use n_head_kv_full / head_dim_full)
+    overhead  = 512 MiB + 5% of the weights (compute buffers, llama.cpp's context, the Python side)
+                + the entry's extra_bytes (e.g. logits over a 262k vocabulary)
+
+    usable VRAM = free VRAM where nvidia-smi reports it, else 90% of the total; Apple silicon: 75%
+                  of unified memory (Metal's default working-set limit is about that); 0 when this
+                  llama.cpp build cannot offload
+    usable RAM  = 85% of total RAM (the rest for the OS and the terminal)
+
+    "fits in VRAM"           need <= usable VRAM
+    "runs from RAM, slower"  otherwise, need <= usable RAM (CPU, or GPU with partial offload)
+    "will not fit"           otherwise
+    "fit unknown"            RAM could not be read and was not entered
+
+    recommend(): the best badge first; among RAM fits, one that needs at most 75% of the usable RAM
+    first; then the catalog's rank; then one already on disk. The bundled model when nothing fits.
+
+Masked-diffusion architectures without a KV cache in llama.cpp (llada, dream, ...) recompute the
+whole sequence each step; the same term then stands for their per-pass attention buffers, so the
+estimate stays on the safe side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from dgchat.hub.catalog import ArchInfo, CatalogEntry
+from dgchat.hub.hardware import Hardware
+from dgchat.hub.util import format_bytes
+
+if TYPE_CHECKING:
+    from dgchat.hub.catalog import Catalog
+
+OVERHEAD_BASE = 512 * 1024**2
+OVERHEAD_FRACTION = 0.05
+RAM_USABLE = 0.85
+VRAM_USABLE_OF_TOTAL = 0.90
+APPLE_GPU_USABLE = 0.75
+DISK_MARGIN = 256 * 1024**2
+ROOMY_RAM = 0.75  # recommend() prefers RAM fits that need at most this share of the usable RAM
+
+
+class Fit(str, Enum):
+    VRAM = "fits in VRAM"
+    RAM = "runs from RAM, slower"
+    NONE = "will not fit"
+    UNKNOWN = "fit unknown"
+
+    @property
+    def label(self) -> str:
+        return self.value
+
+
+_ORDER = {Fit.VRAM: 3, Fit.RAM: 2, Fit.UNKNOWN: 1, Fit.NONE: 0}
+
+
+@dataclass(frozen=True)
+class FitEstimate:
+    fit: Fit
+    need: int  # bytes of memory while generating
+    weights: int
+    kv_cache: int
+    overhead: int
+    context: int
+    usable_vram: int  # 0 when no offload
+    usable_ram: int | None
+    disk_need: int  # bytes still to write to disk (0 when the model is already here)
+    disk_ok: bool | None  # None: free disk unknown
+    reason: str  # one line for people: what was compared with what
+
+    @property
+    def badge(self) -> str:
+        return self.fit.value
+
+
+def usable_vram(hw: Hardware) -> int:
+    if not hw.gpu_offload:
+        return 0
+    if hw.unified_memory and hw.vram_total is not None:
+        return int(hw.vram_total * APPLE_GPU_USABLE)
+    if hw.vram_free is not None:
+        return hw.vram_free
+    if hw.vram_total is not None:
+        return int(hw.vram_total * VRAM_USABLE_OF_TOTAL)
+    return 0
+
+
+def usable_ram(hw: Hardware) -> int | None:
+    return int(hw.ram_total * RAM_USABLE) if hw.ram_total is not None else None
+
+
+def memory_need(size: int, arch: ArchInfo, context: int) -> tuple[int, int, int]:
+    """(weights, kv_cache, overhead) in bytes."""
+    kv = arch.kv_bytes(context)
+    overhead = OVERHEAD_BASE + int(OVERHEAD_FRACTION * size) + arch.extra_bytes
+    return size, kv, overhead
+
+
+def estimate(size: int, arch: ArchInfo, context: int, hw: Hardware, *, on_disk: bool = False,
+             convert: bool = False) -> FitEstimate:
+    """The estimate for a model file of `size` bytes. on_disk: nothing to download;
+    convert: a converted copy of about the same size is written after the download."""
+    weights, kv, overhead = memory_need(size, arch, context)
+    need = weights + kv + overhead
+    vram = usable_vram(hw)
+    ram = usable_ram(hw)
+    if vram and need <= vram:
+        fit = Fit.VRAM
+        why = f"needs {format_bytes(need)}, {format_bytes(vram)} of GPU memory usable"
+    elif ram is None:
+        fit = Fit.UNKNOWN
+        why = f"needs {format_bytes(need)}; RAM unknown (enter it to get a verdict)"
+    elif need <= ram:
+        fit = Fit.RAM
+        gpu = f", more than the {format_bytes(vram)} of GPU memory" if vram else ""
+        why = f"needs {format_bytes(need)}{gpu}; {format_bytes(ram)} of RAM usable"
+    else:
+        fit = Fit.NONE
+        best = max(vram, ram)
+        why = f"needs {format_bytes(need)}, only {format_bytes(best)} usable"
+    disk_need = 0 if on_disk else size * (2 if convert else 1)
+    disk_ok = None if hw.disk_free is None else (disk_need == 0 or hw.disk_free >= disk_need + DISK_MARGIN)
+    if disk_ok is False:
+        why += f"; the download needs {format_bytes(disk_need)} of disk, {format_bytes(hw.disk_free)} free"
+    return FitEstimate(fit=fit, need=need, weights=weights, kv_cache=kv, overhead=overhead, context=context,
+                       usable_vram=vram, usable_ram=ram, disk_need=disk_need, disk_ok=disk_ok, reason=why)
+
+
+def estimate_entry(entry: CatalogEntry, hw: Hardware, *, context: int | None = None, size: int | None = None,
+                   on_disk: bool = False) -> FitEstimate:
+    """Estimate for a catalog entry; `size` overrides the catalog's (e.g. the real installed file)."""
+    if entry.bundled:
+        from dgchat.assets import bundled_model_path
+
+        path = bundled_model_path()
+        if path is not None and size is None:
+            size = path.stat().st_size
+        on_disk = True
+    return estimate(size if size is not None else entry.size, entry.arch, context or entry.context, hw,
+                    on_disk=on_disk, convert=entry.convert)
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    entry: CatalogEntry
+    estimate: FitEstimate
+    reason: str
+
+
+def recommend(catalog: Catalog, hw: Hardware, *, on_disk: frozenset[str] | set[str] = frozenset(),
+              sizes: dict[str, int] | None = None) -> Recommendation:
+    """The entry to preselect: the best fit (VRAM over RAM; from RAM, one that needs at most 75% of the
+    usable RAM over one that needs more), then the highest rank, then one already on disk. Entries
+    whose download does not fit on the disk are skipped. The bundled model is the answer when
+    nothing else fits, so there is always a recommendation.
+
+    on_disk: names of entries already installed or found in the HF cache; sizes: real sizes by name."""
+    sizes = sizes or {}
+    best: tuple[tuple[int, ...], CatalogEntry, FitEstimate] | None = None
+    for entry in catalog:
+        est = estimate_entry(entry, hw, size=sizes.get(entry.name), on_disk=entry.name in on_disk)
+        if entry.bundled or est.fit in (Fit.NONE, Fit.UNKNOWN) or est.disk_ok is False:
+            continue
+        # from RAM, a model that leaves a quarter of the usable RAM free beats a stronger one that
+        # would leave the machine swapping whenever another program wakes up
+        roomy = est.fit is Fit.VRAM or (est.usable_ram is not None and est.need <= ROOMY_RAM * est.usable_ram)
+        key = (_ORDER[est.fit], int(roomy), entry.rank, int(entry.name in on_disk))
+        if best is None or key > best[0]:
+            best = (key, entry, est)
+    if best is None:
+        bundled = catalog.bundled
+        est = estimate_entry(bundled, hw)
+        if hw.ram_total is None:
+            why = "RAM is unknown, so no download can be judged; the bundled model always works"
+        else:
+            why = "no catalog model fits this machine's memory and disk; the bundled model always works"
+        return Recommendation(bundled, est, why)
+    _, entry, est = best
+    where = "in GPU memory" if est.fit is Fit.VRAM else "in RAM"
+    return Recommendation(entry, est, f"the strongest model that fits {where} ({est.reason})")
+
+
+DEFAULT_CONTEXT = 4096
+
+
+def arch_from_header(header) -> tuple[ArchInfo, int]:  # header: dgchat.model_backend.gguf_file.GgufHeader
+    """ArchInfo and the context to assume (min(trained context, 4096)) for any GGUF, from its header.
+
+    Per-layer KV head counts (a list) count at their maximum; sliding-window layers are taken from
+    `attention.sliding_window_pattern` (gemma4, as `dgchat convert` writes it)."""
+
+    def num(value, default: int) -> int:
+        if isinstance(value, list):
+            value = max((v for v in value if isinstance(v, (int, float))), default=default)
+        try:
+            return int(value) if value is not None else default
+        except (TypeError, ValueError):
+            return default
+
+    n_layer = max(num(header.arch_key("block_count"), 1), 1)
+    n_head = max(num(header.arch_key("attention.head_count"), 1), 1)
+    n_kv = max(num(header.arch_key("attention.head_count_kv"), n_head), 1)
+    n_embd = num(header.arch_key("embedding_length"), 0)
+    key_len = num(header.arch_key("attention.key_length"), 0)
+    head_dim = key_len or (n_embd // n_head if n_embd else 128)
+    window = num(header.arch_key("attention.sliding_window"), 0)
+    pattern = header.arch_key("attention.sliding_window_pattern")
+    n_swa = sum(1 for v in pattern if v) if isinstance(pattern, list) and window else 0
+    swa_len = num(header.arch_key("attention.key_length_swa"), 0)
+    arch = ArchInfo(
+        n_layer=n_layer, n_head_kv=n_kv, head_dim=(swa_len or head_dim) if n_swa else head_dim,
+        n_layer_swa=n_swa, sliding_window=window or None,
+        head_dim_full=head_dim if n_swa and swa_len and swa_len != head_dim else None,
+    )
+    trained = num(header.arch_key("context_length"), DEFAULT_CONTEXT) or DEFAULT_CONTEXT
+    return arch, min(trained, DEFAULT_CONTEXT)
+
+
+def arch_from_dict(d: dict) -> ArchInfo | None:
+    """ArchInfo from a registry record's `arch` (None when it has none)."""
+    if not d or not all(k in d for k in ("n_layer", "n_head_kv", "head_dim")):
+        return None
+    known = ArchInfo.__dataclass_fields__
+    return ArchInfo(**{k: v for k, v in d.items() if k in known})

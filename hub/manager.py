@@ -1,0 +1,534 @@
+"""The model manager: what the wizard, the Models screen and `dgchat models` call.
+
+    mgr = ModelManager()                       # default folders (dgchat.hub.paths), shipped catalog
+    hw = detect_hardware(mgr.models_dir)
+    rows = mgr.listing(hw)                     # catalog + installed + HF cache, with fit badges
+    rec = mgr.recommend(hw)                    # the entry to preselect
+    res = mgr.pull(rec.entry.name, progress=cb, cancel=event)   # download (resumable) + convert
+    mgr.remove(name); mgr.import_model(path); mgr.verify(name); mgr.model_path(name)
+
+Network: only `pull` (when the file is neither installed nor in the Hugging Face cache) and
+`dgchat.hub.tokens.store_token` talk to the hub; everything else reads local files.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dgchat.hub import paths
+from dgchat.hub.catalog import Catalog, CatalogEntry, load_catalog
+from dgchat.hub.download import (
+    DownloadResult,
+    Progress,
+    ProgressCallback,
+    PartialDownload,
+    discard_partial,
+    download_file,
+    list_partials,
+)
+from dgchat.hub.errors import DownloadCancelled, RegistryError, VerificationError
+from dgchat.hub.fit import FitEstimate, Recommendation, arch_from_dict, arch_from_header, estimate, estimate_entry
+from dgchat.hub.fit import recommend as _recommend
+from dgchat.hub.hardware import Hardware
+from dgchat.hub.hfcache import CachedGguf, find_in_hf_cache, scan_hf_cache
+from dgchat.hub.registry import InstalledModel, Registry
+from dgchat.hub.util import atomic_write_json, sha256_file
+from dgchat.model_backend.errors import DgchatError, ModelFileError, UnsupportedModelError
+
+STATUSES = ("installed", "bundled", "in HF cache", "partial", "available", "missing")
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    """One line of a model list. `name` is what pull/rm/verify take (HF-cache rows: import their path)."""
+
+    name: str
+    title: str
+    description: str
+    status: str  # one of STATUSES
+    size: int
+    size_exact: bool
+    entry: CatalogEntry | None = None
+    installed: InstalledModel | None = None
+    hf_cache: CachedGguf | None = None
+    partial: PartialDownload | None = None
+    fit: FitEstimate | None = None  # None without hardware, or when the file cannot be read
+    recommended: bool = False
+    path: Path | None = None  # a file that runs now (installed, bundled, in the HF cache)
+    needs_convert: bool = False
+    notes: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "title": self.title, "description": self.description, "status": self.status,
+            "size": self.size, "size_exact": self.size_exact, "catalog": self.entry is not None,
+            "repo": self.entry.repo if self.entry else (self.hf_cache.repo if self.hf_cache else None),
+            "filename": self.entry.filename if self.entry else (self.hf_cache.filename if self.hf_cache else None),
+            "path": str(self.path) if self.path else None,
+            "fit": self.fit.badge if self.fit else None, "need": self.fit.need if self.fit else None,
+            "fit_reason": self.fit.reason if self.fit else None, "recommended": self.recommended,
+            "partial": ({"done": self.partial.done, "total": self.partial.total} if self.partial else None),
+            "needs_convert": self.needs_convert, "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True)
+class PullResult:
+    path: Path  # the file to run
+    action: str  # "downloaded" | "from HF cache" | "already installed" | "bundled"
+    model: InstalledModel | None  # None for the bundled model
+    download: DownloadResult | None = None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RemoveResult:
+    name: str
+    deleted: tuple[Path, ...]  # files dgchat owned and removed
+    kept: tuple[Path, ...]  # files it does not own (imported originals, the HF cache), left alone
+    partial_removed: bool
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    name: str
+    path: Path
+    sha256: str
+    size: int
+
+
+@dataclass
+class _Reporter:
+    name: str
+    progress: ProgressCallback | None
+    notes: list[str] = field(default_factory=list)
+
+    def __call__(self, phase: str, done: int, total: int | None, message: str = "") -> None:
+        if self.progress is not None:
+            self.progress(Progress(phase=phase, name=self.name, done=done, total=total, message=message))
+
+
+def slugify(text: str) -> str:
+    s = re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-.")
+    return (s or "model")[:80]
+
+
+class ModelManager:
+    def __init__(self, *, models_dir: Path | None = None, catalog: Catalog | None = None,
+                 registry: Registry | Path | None = None, hf_cache_dir: Path | None = None,
+                 endpoint: str | None = None) -> None:
+        self.models_dir = Path(models_dir) if models_dir is not None else paths.models_dir()
+        self.catalog = catalog if catalog is not None else load_catalog()
+        self.registry = registry if isinstance(registry, Registry) else Registry(registry)
+        self.hf_cache_dir = hf_cache_dir
+        self.endpoint = endpoint
+
+    # -- reading ------------------------------------------------------------------------------------
+
+    def installed(self) -> list[InstalledModel]:
+        return self.registry.all()
+
+    def model_path(self, name: str) -> Path:
+        """The file to open for an installed model or the bundled one (what the app loads)."""
+        entry = self.catalog.find(name)
+        if entry is not None and entry.bundled:
+            return self._bundled_path()
+        model = self.registry.find(name)
+        if model is None and entry is not None:
+            model = next((m for m in self.registry.all() if m.catalog == entry.name), None)
+        if model is None:
+            raise RegistryError(f"{name!r} is not installed; `dgchat models pull {name}` first"
+                                if entry is not None else f"no installed model named {name!r}")
+        if not model.path.exists():
+            raise ModelFileError(f"{model.name}: its file {model.path} is gone; `dgchat models rm {model.name}` "
+                                 f"then pull or import it again")
+        return model.path
+
+    def _bundled_path(self) -> Path:
+        from dgchat.assets import bundled_model_path
+
+        path = bundled_model_path()
+        if path is None:
+            raise ModelFileError("this installation has no bundled model")
+        return path
+
+    def listing(self, hw: Hardware | None = None, *, include_hf_cache: bool = True) -> list[ModelRow]:
+        """Catalog entries (in catalog order), then other installed models, then runnable GGUFs in the HF cache."""
+        from dgchat.assets import bundled_model_path
+
+        installed = self.registry.all()
+        by_catalog = {m.catalog: m for m in installed if m.catalog}
+        cached = scan_hf_cache(self.hf_cache_dir) if include_hf_cache else []
+        partials = {p.filename: p for p in list_partials(self.models_dir)}
+        rows: list[ModelRow] = []
+        on_disk: set[str] = set()
+        sizes: dict[str, int] = {}
+        claimed_cache: set[Path] = set()
+        for entry in self.catalog:
+            inst = by_catalog.get(entry.name)
+            hf = None if entry.bundled else find_in_hf_cache(entry.repo or "", entry.filename or "", entry.revision,
+                                                              scanned=cached)
+            if hf is not None:
+                claimed_cache.add(hf.path)
+            notes: list[str] = []
+            path = None
+            size, exact = entry.size, entry.size_exact
+            partial = None
+            if entry.bundled:
+                bp = bundled_model_path()
+                status = "bundled" if bp is not None else "missing"
+                if bp is not None:
+                    path, size, exact = bp, bp.stat().st_size, True
+                else:
+                    notes.append("this installation has no bundled model file")
+            elif inst is not None and inst.path.exists():
+                status, path, size, exact = "installed", inst.path, inst.size, True
+            elif inst is not None:
+                status = "missing"
+                notes.append(f"registered, but {inst.path} is gone")
+            elif hf is not None:
+                status, size, exact = "in HF cache", hf.size, True
+                path = None if entry.convert else hf.path
+                notes.append("found in the Hugging Face cache: pull uses it without downloading"
+                             + (" (and converts it)" if entry.convert else ""))
+            else:
+                partial = partials.get(entry.download_name)
+                status = "partial" if partial is not None else "available"
+                if partial is not None and partial.total:
+                    size, exact = partial.total, True
+            if status in ("installed", "bundled", "in HF cache"):
+                on_disk.add(entry.name)
+                sizes[entry.name] = size
+            fit = estimate_entry(entry, hw, size=size, on_disk=entry.name in on_disk) if hw is not None else None
+            rows.append(ModelRow(
+                name=entry.name, title=entry.title, description=entry.description, status=status, size=size,
+                size_exact=exact, entry=entry, installed=inst, hf_cache=hf, partial=partial, fit=fit, path=path,
+                needs_convert=entry.convert and status != "installed", notes=tuple(notes),
+            ))
+        if hw is not None:
+            rec = _recommend(self.catalog, hw, on_disk=on_disk, sizes=sizes)
+            rows = [r if r.entry is not rec.entry else _with(r, recommended=True) for r in rows]
+        catalog_names = {e.name for e in self.catalog}
+        registered_paths = {_resolved(m.path) for m in installed}
+        for m in installed:
+            if m.catalog in catalog_names:
+                continue
+            arch = arch_from_dict(m.arch)
+            fit = (estimate(m.size, arch, min(m.context_length or 4096, 4096), hw, on_disk=True)
+                   if hw is not None and arch is not None else None)
+            rows.append(ModelRow(
+                name=m.name, title=m.name, description=f"imported from {m.converted_from['path']}"
+                if m.converted_from else f"{m.source}: {m.path}", status="installed" if m.path.exists() else "missing",
+                size=m.size, size_exact=True, installed=m, fit=fit, path=m.path if m.path.exists() else None,
+            ))
+        for c in cached:
+            if c.path in claimed_cache or _resolved(c.path) in registered_paths:
+                continue
+            row = self._cache_row(c, hw)
+            if row is not None:
+                rows.append(row)
+        return rows
+
+    def _cache_row(self, c: CachedGguf, hw: Hardware | None) -> ModelRow | None:
+        from dgchat.model_backend.gguf_file import read_gguf_header
+        from dgchat.model_backend.model_info import inspect_header
+
+        try:
+            header = read_gguf_header(c.path)
+        except DgchatError:
+            return None
+        needs_convert = header.architecture == "diffusion-gemma"
+        if not needs_convert:
+            try:
+                inspect_header(header)
+            except DgchatError:
+                return None  # not a model dgchat runs (a causal LLM, ...): not offered
+        arch, ctx = arch_from_header(header)
+        fit = estimate(c.size, arch, ctx, hw, on_disk=True, convert=needs_convert) if hw is not None else None
+        hint = (f"dgchat models import --convert {c.path}" if needs_convert else f"dgchat models import {c.path}")
+        return ModelRow(
+            name=c.label, title=c.label, description=f"in the Hugging Face cache; add it with `{hint}`",
+            status="in HF cache", size=c.size, size_exact=True, hf_cache=c, fit=fit,
+            path=None if needs_convert else c.path, needs_convert=needs_convert,
+        )
+
+    def recommend(self, hw: Hardware) -> Recommendation:
+        rows = self.listing(hw)
+        on_disk = {r.name for r in rows if r.entry is not None and r.status in ("installed", "bundled", "in HF cache")}
+        sizes = {r.name: r.size for r in rows if r.entry is not None and r.size_exact}
+        return _recommend(self.catalog, hw, on_disk=on_disk, sizes=sizes)
+
+    # -- pull ---------------------------------------------------------------------------------------
+
+    def pull(self, name: str, *, token: str | bool | None = None, progress: ProgressCallback | None = None,
+             cancel: threading.Event | None = None, use_hf_cache: bool = True, retries: int = 5,
+             retry_delay: float = 1.0, timeout: float = 30.0) -> PullResult:
+        """Install catalog entry `name`: already installed -> nothing; in the HF cache -> verified and used
+        in place (no network); else downloaded (resuming a partial download) and verified; then
+        converted when the entry needs it; registered last, so a failure never lists a half model.
+        Raises the errors of dgchat.hub.download.download_file, CatalogError for an unknown name, and
+        the converter's ConvertError."""
+        entry = self.catalog.get(name)
+        cancel = cancel or threading.Event()
+        if entry.bundled:
+            return PullResult(path=self._bundled_path(), action="bundled", model=None)
+        existing = next((m for m in self.registry.all() if m.catalog == entry.name or m.name == entry.name), None)
+        if existing is not None:
+            if existing.path.exists():
+                return PullResult(path=existing.path, action="already installed", model=existing)
+            self.registry.remove(existing.name)  # its file is gone: install afresh
+        report = _Reporter(entry.installed_name, progress)
+        if use_hf_cache:
+            cached = find_in_hf_cache(entry.repo or "", entry.filename or "", entry.revision,
+                                      cache_dir=self.hf_cache_dir)
+            if cached is not None:
+                result = self._from_hf_cache(entry, cached, report, cancel)
+                if result is not None:
+                    return result
+        self.models_dir.mkdir(parents=True, exist_ok=True)
+        source = self.models_dir / entry.download_name
+        marker = paths.partial_dir(self.models_dir) / f"{entry.download_name}.verified.json"
+        download: DownloadResult | None = None
+        src_info = _read_marker(marker, source) if entry.convert else None
+        if src_info is None:
+            download = download_file(
+                entry.repo or "", entry.filename or "", source, revision=entry.revision, token=token,
+                endpoint=self.endpoint, sha256=entry.sha256, progress=progress, cancel=cancel, retries=retries,
+                retry_delay=retry_delay, timeout=timeout, reserve_copies=1 if entry.convert else 0)
+            src_info = {"sha256": download.sha256, "size": download.size, "commit": download.remote.commit,
+                        "verified_by": download.verified_by}
+            report.notes.extend(download.notes)
+            if entry.convert:
+                atomic_write_json(marker, src_info)
+        else:
+            report.notes.append("the verified download from an earlier pull was reused")
+        if entry.convert:
+            target = self.models_dir / entry.installed_name
+            self._convert(source, target, report, cancel)
+            converted_from = {"path": str(source), "sha256": src_info["sha256"], "size": src_info["size"],
+                              "repo": entry.repo, "filename": entry.filename}
+            report("verifying", 0, None)
+            final_sha = sha256_file(target, cancel=None, progress=lambda d, t: report("verifying", d, t))
+            path, owned_sha = target, final_sha
+            verified_by = f"converted from a file checked by {src_info['verified_by']}"
+        else:
+            path, owned_sha, verified_by, converted_from = source, src_info["sha256"], src_info["verified_by"], None
+        model = self._register_file(
+            path, name=entry.name, source="download", owned=True, sha256=owned_sha, entry=entry,
+            commit=src_info.get("commit"), verified_by=verified_by, converted_from=converted_from, delete_bad=True)
+        if entry.convert:  # registered: the upstream-layout file (llama.cpp cannot load it) has served its turn
+            source.unlink(missing_ok=True)
+            marker.unlink(missing_ok=True)
+        report("done", model.size, model.size)
+        return PullResult(path=path, action="downloaded", model=model, download=download, notes=tuple(report.notes))
+
+    def _from_hf_cache(self, entry: CatalogEntry, cached: CachedGguf, report: _Reporter,
+                       cancel: threading.Event) -> PullResult | None:
+        expected = entry.sha256 or cached.sha256
+        report("verifying", 0, cached.size, "found in the Hugging Face cache")
+        digest = sha256_file(cached.path, cancel=cancel, progress=lambda d, t: report("verifying", d, t))
+        if expected is not None and digest != expected:
+            report.notes.append(f"the copy in the Hugging Face cache ({cached.path}) is corrupt "
+                                f"(sha256 {digest[:12]}..., expected {expected[:12]}...); downloading instead")
+            return None
+        how = "catalog sha256" if entry.sha256 else ("HF cache blob sha256" if cached.sha256 else "size only")
+        if entry.convert:
+            self.models_dir.mkdir(parents=True, exist_ok=True)
+            target = self.models_dir / entry.installed_name
+            self._convert(cached.path, target, report, cancel)
+            final_sha = sha256_file(target, progress=lambda d, t: report("verifying", d, t))
+            model = self._register_file(
+                target, name=entry.name, source="download", owned=True, sha256=final_sha, entry=entry,
+                commit=cached.commit, verified_by=f"converted from an HF-cache file checked by {how}",
+                converted_from={"path": str(cached.path), "sha256": digest, "size": cached.size, "repo": entry.repo,
+                                "filename": entry.filename}, delete_bad=True)
+            return PullResult(path=target, action="from HF cache", model=model, notes=tuple(report.notes))
+        model = self._register_file(
+            cached.path, name=entry.name, source="hf-cache", owned=False, sha256=digest, entry=entry,
+            commit=cached.commit, verified_by=how, converted_from=None, delete_bad=False)
+        report("done", model.size, model.size)
+        return PullResult(path=cached.path, action="from HF cache", model=model, notes=tuple(report.notes))
+
+    def _convert(self, source: Path, target: Path, report: _Reporter, cancel: threading.Event) -> None:
+        from dgchat.convert import convert
+
+        def on_progress(done: int, total: int, _tensor: str) -> None:
+            if cancel.is_set():  # raising here makes the converter delete its temporary file
+                raise DownloadCancelled(f"conversion of {source.name} cancelled; the download is kept, pull again "
+                                        "to convert", resumable=True)
+            report("converting", done, total)
+
+        report("converting", 0, None)
+        convert(source, target, progress=on_progress)
+
+    def _register_file(self, path: Path, *, name: str, source: str, owned: bool, sha256: str,
+                       entry: CatalogEntry | None, commit: str | None, verified_by: str | None,
+                       converted_from: dict[str, Any] | None, delete_bad: bool) -> InstalledModel:
+        """Check that `path` is a model dgchat runs, then add it to the registry."""
+        from dgchat.model_backend.gguf_file import read_gguf_header
+        from dgchat.model_backend.model_info import inspect_header
+
+        try:
+            header = read_gguf_header(path)
+            info = inspect_header(header)
+        except DgchatError as exc:
+            if delete_bad:
+                path.unlink(missing_ok=True)
+                raise type(exc)(f"{exc}; the downloaded file was deleted") from None
+            raise
+        if entry is not None:
+            arch, ctx = entry.arch.as_dict(), info.context_length or entry.context
+        else:
+            a, _ = arch_from_header(header)
+            arch, ctx = a.as_dict(), info.context_length
+        model = InstalledModel(
+            name=name, path=path, source=source, owned=owned, size=path.stat().st_size, sha256=sha256,
+            catalog=entry.name if entry else None, repo=entry.repo if entry else None,
+            filename=entry.filename if entry else None, revision=entry.revision if entry else None, commit=commit,
+            verified_by=verified_by, converted_from=converted_from, architecture=info.architecture,
+            context_length=ctx or None, arch=arch,
+        )
+        return self.registry.add(model, replace=True)
+
+    # -- rm / import / verify -----------------------------------------------------------------------
+
+    def remove(self, name: str, *, delete_files: bool = True) -> RemoveResult:
+        """Forget an installed model; delete its file when dgchat owns it (never an imported original or a
+        file in the HF cache). Also drops a partial download of a catalog entry of that name."""
+        entry = self.catalog.find(name)
+        if entry is not None and entry.bundled:
+            raise RegistryError(f"{entry.name} ships with dgchat and cannot be removed")
+        model = self.registry.find(name)
+        if model is None and entry is not None:
+            model = next((m for m in self.registry.all() if m.catalog == entry.name), None)
+        partial_removed = False
+        if entry is not None:
+            partial_removed = discard_partial(self.models_dir / entry.download_name)
+            marker = paths.partial_dir(self.models_dir) / f"{entry.download_name}.verified.json"
+            if marker.exists():
+                (self.models_dir / entry.download_name).unlink(missing_ok=True)
+                marker.unlink(missing_ok=True)
+                partial_removed = True
+        if model is None:
+            if partial_removed:
+                return RemoveResult(name=entry.name if entry else name, deleted=(), kept=(), partial_removed=True)
+            raise RegistryError(f"no installed model named {name!r}")
+        deleted: list[Path] = []
+        kept: list[Path] = []
+        if model.owned and delete_files and self._inside_models_dir(model.path):
+            if model.path.exists():
+                model.path.unlink()
+                deleted.append(model.path)
+        else:
+            kept.append(model.path)
+        self.registry.remove(model.name)
+        return RemoveResult(name=model.name, deleted=tuple(deleted), kept=tuple(kept), partial_removed=partial_removed)
+
+    def _inside_models_dir(self, path: Path) -> bool:
+        try:
+            return _resolved(path).is_relative_to(_resolved(self.models_dir))
+        except OSError:
+            return False
+
+    def import_model(self, path: Path, *, name: str | None = None, convert: bool = False,
+                     progress: ProgressCallback | None = None, cancel: threading.Event | None = None) -> InstalledModel:
+        """Register a local GGUF after validating it (read_gguf_header + inspect_header). The file stays where
+        it is and is never deleted by dgchat; with convert=True (upstream diffusion-gemma layout) a
+        converted copy is written into the models folder and owned."""
+        from dgchat.model_backend.gguf_file import read_gguf_header
+        from dgchat.model_backend.model_info import inspect_header
+
+        path = Path(path).expanduser().absolute()
+        cancel = cancel or threading.Event()
+        header = read_gguf_header(path)
+        layout_needs_convert = header.architecture == "diffusion-gemma"
+        if layout_needs_convert and not convert:
+            raise UnsupportedModelError(
+                f"{path.name} is in the upstream diffusion-gemma layout; import it with --convert (writes a "
+                f"converted copy into {self.models_dir})")
+        if not layout_needs_convert:
+            inspect_header(header)  # raises UnsupportedModelError with the reason
+        stem = path.name[:-5] if path.name.lower().endswith(".gguf") else path.name
+        model_name = slugify(name if name else stem)
+        if name is not None and model_name != name.strip().lower():
+            raise RegistryError(f"{name!r} is not a valid model name (use lower-case letters, digits, . _ -)")
+        if self.catalog.find(model_name) is not None:
+            raise RegistryError(f"{model_name!r} is a catalog model's name; pass another with --name")
+        if self.registry.find(model_name) is not None:
+            raise RegistryError(f"a model named {model_name!r} is already installed; pass another with --name")
+        already = self.registry.by_path(path)
+        if already is not None:
+            raise RegistryError(f"{path} is already installed as {already.name!r}")
+        report = _Reporter(path.name, progress)
+        report("verifying", 0, header.file_size)
+        digest = sha256_file(path, cancel=cancel, progress=lambda d, t: report("verifying", d, t))
+        if layout_needs_convert:
+            self.models_dir.mkdir(parents=True, exist_ok=True)
+            target = self.models_dir / f"{stem}.dgchat.gguf"
+            if target.exists():
+                raise RegistryError(f"{target} already exists; remove it or import under another --name")
+            self._convert(path, target, report, cancel)
+            final = sha256_file(target, progress=lambda d, t: report("verifying", d, t))
+            model = self._register_file(
+                target, name=model_name, source="import", owned=True, sha256=final, entry=None, commit=None,
+                verified_by=None, converted_from={"path": str(path), "sha256": digest, "size": header.file_size},
+                delete_bad=True)
+        else:
+            model = self._register_file(path, name=model_name, source="import", owned=False, sha256=digest,
+                                        entry=None, commit=None, verified_by=None, converted_from=None,
+                                        delete_bad=False)
+        report("done", model.size, model.size)
+        return model
+
+    def verify(self, name: str, *, progress: ProgressCallback | None = None,
+               cancel: threading.Event | None = None) -> VerifyResult:
+        """Re-hash an installed model's file against the sha256 recorded when it was installed."""
+        model = self.registry.find(name)
+        if model is None:
+            entry = self.catalog.find(name)
+            if entry is not None:
+                model = next((m for m in self.registry.all() if m.catalog == entry.name), None)
+        if model is None:
+            raise RegistryError(f"no installed model named {name!r}")
+        if not model.path.exists():
+            raise ModelFileError(f"{model.name}: its file {model.path} is gone")
+        report = _Reporter(model.path.name, progress)
+        digest = sha256_file(model.path, cancel=cancel, progress=lambda d, t: report("verifying", d, t))
+        if digest != model.sha256:
+            raise VerificationError(
+                f"{model.name}: {model.path.name} has changed or is corrupt (sha256 {digest[:12]}..., installed as "
+                f"{model.sha256[:12]}...); `dgchat models rm {model.name}` and install it again")
+        report("done", model.size, model.size)
+        return VerifyResult(name=model.name, path=model.path, sha256=digest, size=model.path.stat().st_size)
+
+
+def _with(row: ModelRow, **changes: Any) -> ModelRow:
+    from dataclasses import replace
+
+    return replace(row, **changes)
+
+
+def _resolved(path: Path) -> Path:
+    try:
+        return Path(path).expanduser().resolve()
+    except OSError:
+        return Path(path).expanduser().absolute()
+
+
+def _read_marker(marker: Path, source: Path) -> dict[str, Any] | None:
+    """The record of an earlier verified (not yet converted) download, if the file is still there."""
+    try:
+        info = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict) or not source.exists() or source.stat().st_size != info.get("size"):
+        return None
+    return info
+
+
+__all__ = ["ModelManager", "ModelRow", "PullResult", "RemoveResult", "STATUSES", "VerifyResult", "slugify"]

@@ -1,0 +1,312 @@
+"""DgchatApp: config, store, the loaded model, themes, key map, help; the chat screen does the rest.
+
+Models load in a thread worker (llama.cpp's progress callback feeds a progress bar); a model that
+fails to load is reported in a dialog and the app keeps running. One engine is loaded at a time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+from textual.message import Message
+from textual.screen import Screen
+
+from dgchat.app.commands import PROVIDERS
+from dgchat.app.config import Config, validate_for_app
+from dgchat.app.error_modal import ErrorModal
+from dgchat.app.help_modal import HelpModal, HelpRows
+from dgchat.app.no_model_screen import NoModelScreen
+from dgchat.app.store import Store
+from dgchat.model_backend.errors import DgchatError
+
+DARK, LIGHT = "textual-dark", "textual-light"
+
+
+def short_path(path: Path | str) -> str:
+    """A path as users think of it: under the home folder as ~/…"""
+    path = Path(path)
+    try:
+        return "~/" + str(path.relative_to(Path.home()))
+    except ValueError:
+        return str(path)
+
+
+def display_name(path: Path | str | None) -> str:
+    return Path(path).name if path else "no model"
+
+
+class ModelProgress(Message):
+    def __init__(self, path: Path, fraction: float) -> None:
+        super().__init__()
+        self.path = path
+        self.fraction = fraction
+
+
+class ModelLoaded(Message):
+    def __init__(self, path: Path, engine: Any) -> None:
+        super().__init__()
+        self.path = path
+        self.engine = engine
+
+
+class ModelFailed(Message):
+    def __init__(self, path: Path, error: str) -> None:
+        super().__init__()
+        self.path = path
+        self.error = error
+
+
+class DgchatApp(App[int]):
+    CSS_PATH = "dgchat.tcss"
+    TITLE = "dgchat"
+    COMMANDS = App.COMMANDS | set(PROVIDERS)
+    COMMAND_PALETTE_DISPLAY = "^p"
+    BINDINGS = [
+        Binding("ctrl+q", "quit", "Quit", show=False, priority=True, id="app.quit"),
+        Binding("ctrl+p", "command_palette", "Commands", show=False, priority=True, id="app.command_palette"),
+        Binding("f1,question_mark", "help", "Keys", id="app.help"),
+        Binding("ctrl+t", "toggle_dark", "Theme", show=False, id="app.toggle_dark"),
+    ]
+
+    def __init__(
+        self,
+        *,
+        config: Config,
+        store: Store,
+        model_path: Path | None = None,
+        open_chat: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.config = config
+        self.store = store
+        self.default_model_path = Path(model_path) if model_path else None
+        self.open_chat_id = open_chat
+        self.engine: Any = None
+        self.engine_path: Path | None = None
+        self.loading_path: Path | None = None
+        self.load_fraction = 0.0
+        self.load_errors: dict[Path, str] = {}  # last failure per model path, for the status line
+        self._shutting_down = threading.Event()
+        validate_for_app(config, themes=set(self.available_themes), binding_ids=set(all_binding_ids()))
+        if config.keys:
+            self.set_keymap(config.keys)
+
+    # -- startup --------------------------------------------------------------------------------
+    @property
+    def chat_screen(self):  # -> ChatScreen
+        from dgchat.app.chat_screen import ChatScreen
+
+        for screen in reversed(self.screen_stack):
+            if isinstance(screen, ChatScreen):
+                return screen
+        raise LookupError("no chat screen")
+
+    def on_mount(self) -> None:
+        theme = self.config.theme or self.store.get_setting("theme") or DARK
+        self.theme = theme if theme in self.available_themes else DARK
+        self.theme_changed_signal.subscribe(self, self._remember_theme)
+        from dgchat.app.chat_screen import ChatScreen
+
+        self.push_screen(ChatScreen(open_chat=self.open_chat_id))
+        if self.default_model_path is not None:
+            self.load_model(self.default_model_path)
+        first = self.first_run_screen()
+        if first is not None:
+            self.push_screen(first, self._after_first_run)
+
+    def first_run_screen(self) -> Screen | None:
+        """The hook for the first-run wizard: a screen to push over the chat at start, or None.
+
+        Today: when there is no model to use, a screen saying so and how to give one. The wizard
+        replaces this with its own screen when `not self.config.exists` (no config file yet); a
+        result of "open" from the pushed screen opens the model picker."""
+        if self.default_model_path is None:
+            return NoModelScreen(short_path(self.config.path))
+        return None
+
+    def _after_first_run(self, result: str | None) -> None:
+        if result == "open":
+            self.chat_screen.action_open_model()
+
+    def _remember_theme(self, theme: Any) -> None:
+        name = getattr(theme, "name", str(theme))
+        try:
+            self.store.set_setting("theme", name)
+        except Exception:  # noqa: BLE001 - the store may be closed while the app exits
+            pass
+
+    # -- models ---------------------------------------------------------------------------------
+    def load_model(self, path: Path, *, force: bool = False) -> bool:
+        """Start loading `path` unless it is loaded or loading; False when it cannot start now."""
+        path = Path(path)
+        if not force and self.engine is not None and self.engine_path == path:
+            return True
+        if self.loading_path == path:
+            return True
+        try:
+            if self.chat_screen.generating:
+                self.notify("Stop the answer first (Esc), then switch models.", severity="warning")
+                return False
+        except LookupError:
+            pass
+        self.loading_path = path
+        self.load_fraction = 0.0
+        self.load_errors.pop(path, None)
+        self._load_worker(path)
+        self._model_state_changed()
+        return True
+
+    @work(thread=True, exclusive=True, group="model-load", exit_on_error=False)
+    def _load_worker(self, path: Path) -> None:
+        from dgchat.model_backend.engine import DiffusionEngine
+
+        last = [0.0, -1.0]
+
+        def progress(fraction: float) -> bool:
+            now = time.monotonic()
+            if fraction >= 1.0 or fraction - last[1] >= 0.01 and now - last[0] >= 0.05:
+                last[0], last[1] = now, fraction
+                self.post_message(ModelProgress(path, fraction))
+            return not self._shutting_down.is_set()  # False aborts the load when the app quits
+
+        try:
+            engine = DiffusionEngine.load(
+                path, n_gpu_layers=self.config.n_gpu_layers, n_threads=self.config.n_threads, progress=progress
+            )
+        except DgchatError as exc:
+            self.post_message(ModelFailed(path, str(exc)))
+        except Exception as exc:  # noqa: BLE001 - shown to the user, not raised in a thread
+            self.post_message(ModelFailed(path, f"{type(exc).__name__}: {exc}"))
+        else:
+            if self._shutting_down.is_set() or not self.post_message(ModelLoaded(path, engine)):
+                engine.close()
+
+    def on_model_progress(self, message: ModelProgress) -> None:
+        if message.path == self.loading_path:
+            self.load_fraction = message.fraction
+            self._model_state_changed()
+
+    def on_model_loaded(self, message: ModelLoaded) -> None:
+        if message.path != self.loading_path:
+            message.engine.close()  # superseded by a later request
+            return
+        old = self.engine
+        self.engine, self.engine_path = message.engine, message.path
+        self.loading_path = None
+        if old is not None and old is not message.engine:
+            old.close()
+        self._model_state_changed()
+        self.chat_screen.model_ready()
+
+    def on_model_failed(self, message: ModelFailed) -> None:
+        if message.path != self.loading_path:
+            return
+        self.loading_path = None
+        self.load_errors[message.path] = message.error
+        self._model_state_changed()
+        self.push_screen(ErrorModal("Model failed to load", f"{short_path(message.path)}\n\n{message.error}"))
+        self.chat_screen.model_failed()
+
+    def _model_state_changed(self) -> None:
+        try:
+            self.chat_screen.update_status()
+        except LookupError:
+            pass
+
+    # -- actions --------------------------------------------------------------------------------
+    def action_toggle_dark(self) -> None:
+        self.theme = LIGHT if self.current_theme.dark else DARK
+
+    def action_help(self) -> None:
+        if isinstance(self.screen, HelpModal):
+            return
+        hint = f"Remap keys in {short_path(self.config.path)}:  [keys]  \"chat.regenerate\" = \"f5\""
+        self.push_screen(HelpModal(self.help_rows(), hint))
+
+    def help_rows(self) -> HelpRows:
+        rows: HelpRows = []
+        keymap = getattr(self, "_keymap", {})
+        for group, classes in binding_sources():
+            entries = []
+            for binding in _bindings(classes):
+                assert binding.id is not None
+                keys = keymap.get(binding.id, binding.key)
+                shown = ", ".join(self.get_key_display(binding.with_key(k.strip())) for k in keys.split(","))
+                entries.append((binding.id, shown, binding.description or binding.action))
+            if entries:
+                rows.append((group, entries))
+        return rows
+
+    async def action_quit(self) -> None:
+        await self.shutdown()
+        self.exit(0)
+
+    async def shutdown(self) -> None:
+        """Stop a running answer (it is saved as stopped) and release the model."""
+        self._shutting_down.set()
+        try:
+            screen = self.chat_screen
+        except LookupError:
+            screen = None
+        if screen is not None:
+            await screen.stop_and_wait(timeout=5.0)
+
+    def on_unmount(self) -> None:
+        self._shutting_down.set()
+        if self.engine is not None:
+            try:
+                screen = self.chat_screen
+                busy = screen.generating
+            except LookupError:
+                busy = False
+            if not busy:
+                self.engine.close()
+            self.engine = None
+
+
+def binding_sources() -> list[tuple[str, list[type]]]:
+    """Every class with remappable bindings, grouped for the help panel; also validates [keys]."""
+    from dgchat.app.chat_screen import ChatScreen
+    from dgchat.app.confirm_modal import ConfirmModal
+    from dgchat.app.edit_modal import EditModal
+    from dgchat.app.error_modal import ErrorModal as _Error
+    from dgchat.app.prompt_modal import PromptModal
+    from dgchat.app.search_modal import SearchModal
+    from dgchat.app.settings_modal import SettingsModal
+    from dgchat.app.widgets.chat_list import ChatList
+    from dgchat.app.widgets.message import MessageView
+    from dgchat.app.widgets.prompt_input import PromptInput
+
+    return [
+        ("App", [DgchatApp]),
+        ("Chat", [ChatScreen]),
+        ("Prompt box", [PromptInput]),
+        ("Focused message", [MessageView]),
+        ("Sidebar (chat list)", [ChatList]),
+        ("Search", [SearchModal]),
+        ("Settings", [SettingsModal]),
+        ("Edit prompt", [EditModal]),
+        ("Dialogs", [ConfirmModal, PromptModal, _Error, NoModelScreen, HelpModal]),
+    ]
+
+
+def _bindings(classes: list[type]) -> list[Binding]:
+    seen: set[str] = set()
+    out: list[Binding] = []
+    for cls in classes:
+        for binding in cls.BINDINGS:
+            if isinstance(binding, Binding) and binding.id and binding.id not in seen:
+                seen.add(binding.id)
+                out.append(binding)
+    return out
+
+
+def all_binding_ids() -> list[str]:
+    return [b.id for _group, classes in binding_sources() for b in _bindings(classes) if b.id]

@@ -1,0 +1,201 @@
+"""Global settings: one TOML file under the platformdirs config dir, validated with clear messages.
+
+    # ~/.config/dgchat/config.toml
+    default_model = "~/models/llada-8b-instruct.Q4_K_M.gguf"
+    theme = "dark"            # "dark", "light" or any Textual theme name
+    system_prompt = ""        # persona for new chats
+    refresh_hz = 30           # live-canvas repaints per second
+    clipboard = "auto"        # auto | osc52 | file
+    n_threads = 8             # CPU threads for llama.cpp (default: all cores)
+    n_gpu_layers = 99         # layers to offload (default: all when the build supports it)
+
+    [sampler]                 # defaults for every chat, over the model's recommended values
+    steps = 64
+    gen_length = 128
+    temperature = 0.0
+
+    [keys]                    # binding id = "key" or "key1,key2" (F1 lists the ids)
+    "chat.stop" = "escape"
+
+This module must stay importable without Textual: `dgchat generate` reads `default_model` from it.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dgchat.app import paths
+from dgchat.model_backend.errors import DgchatError, InvalidParameterError
+from dgchat.model_backend.params import ALGORITHMS, CACHE_MODES, DiffusionParams
+
+CLIPBOARD_MODES = ("auto", "osc52", "file")
+THEME_ALIASES = {"dark": "textual-dark", "light": "textual-light"}
+
+# sampler key -> (type, description used in messages)
+SAMPLER_KEYS: dict[str, tuple[type, str]] = {
+    "steps": (int, "a positive integer"),
+    "gen_length": (int, "a positive integer"),
+    "block_length": (int, "a positive integer"),
+    "max_tokens": (int, "a positive integer"),
+    "algorithm": (str, "one of " + ", ".join(ALGORITHMS)),
+    "threshold": (float, "a number in (0, 1]"),
+    "temperature": (float, "a number >= 0"),
+    "eps": (float, "a number in [0, 1)"),
+    "top_k": (int, "an integer >= 0"),
+    "top_p": (float, "a number in (0, 1]"),
+    "cache": (str, "one of " + ", ".join(CACHE_MODES)),
+    "seed": (int, "an integer"),
+}
+TOP_KEYS = (
+    "default_model", "theme", "system_prompt", "refresh_hz", "clipboard", "n_threads", "n_gpu_layers",
+    "sampler", "keys",
+)
+_KEY_RE = re.compile(r"^(?:(?:ctrl|shift|alt|meta|super|hyper)\+)*(?:[a-z0-9_]+|[^\s,+])$")
+
+
+class ConfigError(DgchatError):
+    """The config file is not valid TOML or holds a bad value."""
+
+
+@dataclass
+class Config:
+    path: Path
+    exists: bool = False
+    default_model: str | None = None
+    theme: str | None = None  # None: remember the last theme picked in the app
+    system_prompt: str = ""
+    refresh_hz: int = 30
+    clipboard: str = "auto"
+    n_threads: int | None = None
+    n_gpu_layers: int | None = None
+    sampler: dict[str, Any] = field(default_factory=dict)
+    keys: dict[str, str] = field(default_factory=dict)
+
+    def sampler_params(self) -> DiffusionParams:
+        """The config's sampler defaults as DiffusionParams (unset fields stay None)."""
+        return DiffusionParams(**self.sampler)
+
+
+def _fail(path: Path, message: str) -> ConfigError:
+    return ConfigError(f"{path}: {message}")
+
+
+def _describe(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _int(path: Path, name: str, value: Any, lo: int | None = None, hi: int | None = None, what: str = "") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or (lo is not None and value < lo) or (
+        hi is not None and value > hi
+    ):
+        raise _fail(path, f"{name} must be {what or 'an integer'} (got {_describe(value)})")
+    return value
+
+
+def load_config(path: str | Path | None = None) -> Config:
+    """Read and validate the config file; a missing file gives the defaults (`exists` False)."""
+    path = Path(path) if path is not None else paths.config_path()
+    config = Config(path=path)
+    if not path.exists():
+        return config
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise _fail(path, f"not valid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(path, f"cannot be read: {exc}") from None
+    config.exists = True
+    for key in raw:
+        if key not in TOP_KEYS:
+            raise _fail(path, f"unknown setting {key!r} (known: {', '.join(TOP_KEYS)})")
+
+    if "default_model" in raw:
+        value = raw["default_model"]
+        if not isinstance(value, str) or not value.strip():
+            raise _fail(path, f"default_model must be the path of a GGUF file (got {_describe(value)})")
+        config.default_model = str(Path(value).expanduser())
+    if "theme" in raw:
+        value = raw["theme"]
+        if not isinstance(value, str) or not value.strip():
+            raise _fail(path, f"theme must be \"dark\", \"light\" or a Textual theme name (got {_describe(value)})")
+        config.theme = THEME_ALIASES.get(value, value)
+    if "system_prompt" in raw:
+        if not isinstance(raw["system_prompt"], str):
+            raise _fail(path, f"system_prompt must be a string (got {_describe(raw['system_prompt'])})")
+        config.system_prompt = raw["system_prompt"]
+    if "refresh_hz" in raw:
+        config.refresh_hz = _int(path, "refresh_hz", raw["refresh_hz"], 1, 120, "an integer from 1 to 120")
+    if "clipboard" in raw:
+        value = raw["clipboard"]
+        if value not in CLIPBOARD_MODES:
+            raise _fail(path, f"clipboard must be one of {', '.join(CLIPBOARD_MODES)} (got {_describe(value)})")
+        config.clipboard = value
+    if "n_threads" in raw:
+        config.n_threads = _int(path, "n_threads", raw["n_threads"], 1, None, "a positive integer")
+    if "n_gpu_layers" in raw:
+        config.n_gpu_layers = _int(path, "n_gpu_layers", raw["n_gpu_layers"], 0, None, "an integer >= 0")
+    if "sampler" in raw:
+        config.sampler = _sampler(path, raw["sampler"])
+    if "keys" in raw:
+        config.keys = _keys(path, raw["keys"])
+    return config
+
+
+def _sampler(path: Path, table: Any) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise _fail(path, "[sampler] must be a table of sampler settings")
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in SAMPLER_KEYS:
+            raise _fail(path, f"[sampler] unknown setting {key!r} (known: {', '.join(SAMPLER_KEYS)})")
+        kind, what = SAMPLER_KEYS[key]
+        ok = (
+            (kind is int and isinstance(value, int) and not isinstance(value, bool))
+            or (kind is float and isinstance(value, (int, float)) and not isinstance(value, bool))
+            or (kind is str and isinstance(value, str))
+        )
+        if not ok:
+            raise _fail(path, f"[sampler] {key} must be {what} (got {_describe(value)})")
+        out[key] = float(value) if kind is float else value
+    try:
+        DiffusionParams(**out).validate()
+    except InvalidParameterError as exc:
+        raise _fail(path, f"[sampler] {_plain(str(exc))}") from None
+    return out
+
+
+def _plain(message: str) -> str:
+    """Parameter messages name CLI flags (--gen-length); the config file spells them gen_length."""
+    return re.sub(r"--([a-z-]+)", lambda m: m.group(1).replace("-", "_"), message)
+
+
+def _keys(path: Path, table: Any) -> dict[str, str]:
+    if not isinstance(table, dict):
+        raise _fail(path, "[keys] must be a table of binding id = \"key\"")
+    out: dict[str, str] = {}
+    for binding_id, value in table.items():
+        if not isinstance(value, str) or not value.strip():
+            raise _fail(path, f"[keys] {binding_id} must be a key such as \"ctrl+r\" (got {_describe(value)})")
+        keys = [k.strip() for k in value.split(",")]
+        for key in keys:
+            if not _KEY_RE.match(key):
+                raise _fail(path, f"[keys] {binding_id}: {key!r} is not a key name (examples: ctrl+r, f5, escape)")
+        out[binding_id] = ",".join(keys)
+    return out
+
+
+def validate_for_app(config: Config, *, themes: set[str], binding_ids: set[str]) -> None:
+    """The checks that need the UI: theme names and binding ids exist."""
+    if config.theme is not None and config.theme not in themes:
+        raise _fail(config.path, f"theme {config.theme!r} is not a theme (known: dark, light, {', '.join(sorted(themes))})")
+    for binding_id in config.keys:
+        if binding_id not in binding_ids:
+            raise _fail(
+                config.path,
+                f"[keys] unknown binding id {binding_id!r} (press F1 in the app for the list; "
+                f"known: {', '.join(sorted(binding_ids))})",
+            )

@@ -1,0 +1,39 @@
+"""Yes / no question (deleting a chat)."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Label, Static
+
+
+class ConfirmModal(ModalScreen[bool]):
+    BINDINGS = [
+        Binding("escape", "answer(False)", "Cancel", id="dialog.cancel"),
+        Binding("y", "answer(True)", "Yes", show=False, id="dialog.yes"),
+    ]
+
+    def __init__(self, title: str, message: str, confirm_label: str = "Delete") -> None:
+        super().__init__(classes="dialog-screen")
+        self.title_text = title
+        self.message = message
+        self.confirm_label = confirm_label
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self.title_text, classes="dialog--title")
+            yield Static(self.message, markup=False, classes="dialog--body")
+            with Horizontal(classes="dialog--buttons"):
+                yield Button(self.confirm_label, variant="error", id="yes")
+                yield Button("Cancel", id="no")
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, value: bool) -> None:
+        self.dismiss(value)

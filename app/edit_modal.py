@@ -1,0 +1,56 @@
+"""Edit an earlier prompt; saving re-runs the chat from there (later messages are replaced)."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Label, Static, TextArea
+
+
+class EditModal(ModalScreen[str | None]):
+    BINDINGS = [
+        Binding("escape", "cancel", "Cancel", id="dialog.cancel"),
+        Binding("ctrl+s", "save", "Save & re-run", priority=True, id="edit.save"),
+    ]
+
+    def __init__(self, text: str, later: int) -> None:
+        super().__init__(classes="dialog-screen")
+        self.text = text
+        self.later = later
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog -wide"):
+            yield Label("Edit prompt", classes="dialog--title")
+            if self.later:
+                noun = "message" if self.later == 1 else "messages"
+                yield Static(f"Re-running replaces the {self.later} later {noun}.", classes="dialog--help")
+            yield TextArea(self.text, id="edit-text", soft_wrap=True, tab_behavior="focus")
+            yield Label("", id="edit-error", classes="dialog--error")
+            with Horizontal(classes="dialog--buttons"):
+                yield Button("Save & re-run", variant="primary", id="save")
+                yield Button("Cancel", id="cancel")
+
+    def on_mount(self) -> None:
+        area = self.query_one(TextArea)
+        if self.app.is_headless:
+            area.cursor_blink = False
+        area.focus()
+        area.move_cursor(area.document.end)
+
+    def action_save(self) -> None:
+        text = self.query_one(TextArea).text
+        if not text.strip():
+            self.query_one("#edit-error", Label).update("the prompt is empty")
+            return
+        self.dismiss(text)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "save":
+            self.action_save()
+        else:
+            self.dismiss(None)

@@ -1,0 +1,41 @@
+"""The key help panel (F1 / ?): every binding with its current key and its id for [keys] remapping."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Label, Static
+
+# (group title, [(binding id, key display, description)])
+HelpRows = list[tuple[str, list[tuple[str, str, str]]]]
+
+
+class HelpModal(ModalScreen[None]):
+    BINDINGS = [Binding("escape,f1,question_mark,q", "close", "Close", id="help.close")]
+
+    def __init__(self, rows: HelpRows, config_hint: str) -> None:
+        super().__init__(classes="dialog-screen")
+        self.rows = rows
+        self.config_hint = config_hint
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog -wide -tall", id="help"):
+            yield Label("Keys", classes="dialog--title")
+            with VerticalScroll(id="help-scroll"):
+                for group, rows in self.rows:
+                    table = Table(box=None, show_header=False, expand=True, padding=(0, 1))
+                    table.add_column("key", width=16, no_wrap=True)
+                    table.add_column("action", ratio=1)
+                    table.add_column("id", style="dim", no_wrap=True)
+                    for binding_id, key, description in rows:
+                        table.add_row(Text(key, style="bold"), Text(description), Text(binding_id))
+                    yield Label(group, classes="help--group")
+                    yield Static(table, classes="help--table")
+            yield Static(self.config_hint, markup=False, classes="dialog--help")
+
+    def action_close(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,64 @@
+"""Ask for one line of text: a chat's new title, an export path, a model path."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Static
+
+
+class PromptModal(ModalScreen[str | None]):
+    """Dismisses with the text, or None when cancelled. `check` returns an error message or None."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel", id="dialog.cancel")]
+
+    def __init__(
+        self, title: str, value: str = "", *, placeholder: str = "", ok_label: str = "OK",
+        check: Callable[[str], str | None] | None = None, help_text: str = "",
+    ) -> None:
+        super().__init__(classes="dialog-screen")
+        self.title_text = title
+        self.value = value
+        self.placeholder = placeholder
+        self.ok_label = ok_label
+        self.check = check
+        self.help_text = help_text
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self.title_text, classes="dialog--title")
+            if self.help_text:
+                yield Static(self.help_text, markup=False, classes="dialog--help")
+            yield Input(self.value, placeholder=self.placeholder, id="prompt-value")
+            yield Label("", id="prompt-error", classes="dialog--error", markup=False)
+            with Horizontal(classes="dialog--buttons"):
+                yield Button(self.ok_label, variant="primary", id="ok")
+                yield Button("Cancel", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one(Input).focus()
+
+    def _accept(self) -> None:
+        text = self.query_one(Input).value.strip()
+        problem = self.check(text) if self.check else (None if text else "enter a value")
+        if problem:
+            self.query_one("#prompt-error", Label).update(problem)
+            return
+        self.dismiss(text)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self._accept()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "ok":
+            self._accept()
+        else:
+            self.dismiss(None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

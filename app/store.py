@@ -1,0 +1,405 @@
+"""Saved chats: one SQLite file under the platformdirs data dir.
+
+Schema (PRAGMA user_version is the schema version; `_STEPS[i]` upgrades version i to i + 1):
+
+    chats(id, title, model, system_prompt, params, created_at, updated_at)
+        model NULL = the app's default model; params = JSON sampler overrides (unset = model default)
+    messages(id, chat_id -> chats ON DELETE CASCADE, role 'user'|'assistant', content,
+             status 'done'|'generating'|'stopped'|'error', meta JSON, created_at)
+        conversation order is id order; meta holds model, stop reason, statistics, parameters
+    settings(key, value JSON)                  app state: last theme, last chat
+    messages_fts                               FTS5 index over messages.content (external content,
+                                               kept in sync by triggers)
+
+Crash safety: WAL with synchronous=FULL; a user message is committed before generation starts; an
+answer is inserted as 'generating' and its decided text checkpointed while it runs; on the next
+open, answers left 'generating' by a process that is gone become 'stopped' with that text.
+
+Thread-safe: one connection guarded by a lock, so a generation worker can finish its answer row
+even when the UI is already shutting down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dgchat.model_backend.errors import DgchatError
+
+DEFAULT_TITLE = "New chat"
+STATUSES = ("done", "generating", "stopped", "error")
+HIGHLIGHT_START = "\x02"  # search snippets mark matches with these; the UI turns them into styles
+HIGHLIGHT_END = "\x03"
+
+
+class StoreError(DgchatError):
+    """The chat database cannot be opened or is from a newer dgchat."""
+
+
+@dataclass
+class Chat:
+    id: int
+    title: str
+    model: str | None
+    system_prompt: str
+    params: dict[str, Any]
+    created_at: float
+    updated_at: float
+
+
+@dataclass
+class Message:
+    id: int
+    chat_id: int
+    role: str
+    content: str
+    status: str = "done"
+    meta: dict[str, Any] = field(default_factory=dict)
+    created_at: float = 0.0
+
+
+@dataclass
+class SearchHit:
+    chat_id: int
+    chat_title: str
+    message_id: int | None  # None: the chat's title matched
+    role: str
+    snippet: str  # matches wrapped in HIGHLIGHT_START / HIGHLIGHT_END
+
+
+# -- schema upgrade steps ---------------------------------------------------------------------------
+def _step_1(db: sqlite3.Connection) -> None:
+    """Chats, messages, settings."""
+    db.execute(
+        """CREATE TABLE chats(
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            title TEXT NOT NULL DEFAULT 'New chat',
+            model TEXT,
+            system_prompt TEXT NOT NULL DEFAULT '',
+            params TEXT NOT NULL DEFAULT '{}',
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL)"""
+    )
+    db.execute(
+        """CREATE TABLE messages(
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+            role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
+            content TEXT NOT NULL,
+            status TEXT NOT NULL DEFAULT 'done' CHECK (status IN ('done', 'generating', 'stopped', 'error')),
+            created_at REAL NOT NULL)"""
+    )
+    db.execute("CREATE INDEX messages_by_chat ON messages(chat_id, id)")
+    db.execute("CREATE TABLE settings(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+
+
+def _step_2(db: sqlite3.Connection) -> None:
+    """Per-message metadata, and full-text search over messages (existing rows indexed)."""
+    db.execute("ALTER TABLE messages ADD COLUMN meta TEXT NOT NULL DEFAULT '{}'")
+    db.execute(
+        "CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='messages', content_rowid='id', "
+        "tokenize='unicode61 remove_diacritics 2')"
+    )
+    db.execute(
+        "CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN "
+        "INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content); END"
+    )
+    db.execute(
+        "CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN "
+        "INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content); END"
+    )
+    db.execute(
+        "CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN "
+        "INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content); "
+        "INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content); END"
+    )
+    db.execute("INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')")
+
+
+_STEPS: list[Callable[[sqlite3.Connection], None]] = [_step_1, _step_2]
+SCHEMA_VERSION = len(_STEPS)
+
+
+def fts_query(text: str) -> str | None:
+    """User text -> an FTS5 query: every word must match, as a prefix; FTS syntax is not exposed."""
+    words = [w.replace('"', "") for w in text.split()]
+    words = [w for w in words if w]
+    if not words:
+        return None
+    return " ".join(f'"{w}"*' for w in words)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    if pid == os.getpid():
+        return True  # another Store in this very process may be writing it
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+class Store:
+    def __init__(self, path: str | Path, *, upgrade_to: int | None = None) -> None:
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"cannot open the chat database {self.path}: {exc}") from None
+        self._lock = threading.RLock()
+        self._db.row_factory = sqlite3.Row
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._migrate(SCHEMA_VERSION if upgrade_to is None else upgrade_to)
+            if self.schema_version >= 2:
+                self.recover_interrupted()
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            raise StoreError(f"{self.path} is not a usable chat database: {exc}") from None
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    @property
+    def schema_version(self) -> int:
+        with self._lock:
+            return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    def _migrate(self, target: int) -> None:
+        current = self.schema_version
+        if current > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path} was written by a newer dgchat (schema {current}; this one knows {SCHEMA_VERSION}); "
+                f"upgrade dgchat to open it"
+            )
+        for version in range(current, target):
+            with self._tx() as db:
+                _STEPS[version](db)
+                db.execute(f"PRAGMA user_version = {version + 1}")
+
+    def integrity_ok(self) -> bool:
+        return self._query("PRAGMA integrity_check")[0][0] == "ok"
+
+    def recover_interrupted(self) -> int:
+        """Answers left 'generating' by a process that died become 'stopped'; returns how many."""
+        rows = self._query("SELECT id, meta FROM messages WHERE status = 'generating'")
+        dead = [r["id"] for r in rows if not _pid_alive(int(json.loads(r["meta"] or "{}").get("pid", 0) or 0))]
+        if dead:
+            with self._tx() as db:
+                for message_id in dead:
+                    meta = json.loads(db.execute("SELECT meta FROM messages WHERE id = ?", (message_id,)).fetchone()[0])
+                    meta.pop("pid", None)
+                    meta["stop_reason"] = "interrupted"
+                    db.execute(
+                        "UPDATE messages SET status = 'stopped', meta = ? WHERE id = ?", (json.dumps(meta), message_id)
+                    )
+        return len(dead)
+
+    # -- chats ----------------------------------------------------------------------------------
+    @staticmethod
+    def _chat(row: sqlite3.Row) -> Chat:
+        return Chat(
+            id=row["id"], title=row["title"], model=row["model"], system_prompt=row["system_prompt"],
+            params=json.loads(row["params"] or "{}"), created_at=row["created_at"], updated_at=row["updated_at"],
+        )
+
+    def create_chat(
+        self, title: str = DEFAULT_TITLE, *, model: str | None = None, system_prompt: str = "",
+        params: dict[str, Any] | None = None,
+    ) -> Chat:
+        now = time.time()
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO chats(title, model, system_prompt, params, created_at, updated_at) VALUES (?,?,?,?,?,?)",
+                (title, model, system_prompt, json.dumps(params or {}), now, now),
+            )
+            chat_id = int(cur.lastrowid)
+        chat = self.get_chat(chat_id)
+        assert chat is not None
+        return chat
+
+    def get_chat(self, chat_id: int) -> Chat | None:
+        rows = self._query("SELECT * FROM chats WHERE id = ?", (chat_id,))
+        return self._chat(rows[0]) if rows else None
+
+    def list_chats(self) -> list[Chat]:
+        return [self._chat(r) for r in self._query("SELECT * FROM chats ORDER BY updated_at DESC, id DESC")]
+
+    def rename_chat(self, chat_id: int, title: str) -> None:
+        title = " ".join(title.split()) or DEFAULT_TITLE
+        with self._tx() as db:
+            db.execute("UPDATE chats SET title = ? WHERE id = ?", (title, chat_id))
+
+    def delete_chat(self, chat_id: int) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM chats WHERE id = ?", (chat_id,))
+
+    def update_chat_settings(
+        self, chat_id: int, *, model: str | None, system_prompt: str, params: dict[str, Any]
+    ) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE chats SET model = ?, system_prompt = ?, params = ? WHERE id = ?",
+                (model or None, system_prompt, json.dumps(params), chat_id),
+            )
+
+    # -- messages -------------------------------------------------------------------------------
+    @staticmethod
+    def _message(row: sqlite3.Row) -> Message:
+        return Message(
+            id=row["id"], chat_id=row["chat_id"], role=row["role"], content=row["content"], status=row["status"],
+            meta=json.loads(row["meta"] or "{}"), created_at=row["created_at"],
+        )
+
+    def messages(self, chat_id: int) -> list[Message]:
+        return [self._message(r) for r in self._query("SELECT * FROM messages WHERE chat_id = ? ORDER BY id", (chat_id,))]
+
+    def get_message(self, message_id: int) -> Message | None:
+        rows = self._query("SELECT * FROM messages WHERE id = ?", (message_id,))
+        return self._message(rows[0]) if rows else None
+
+    def add_message(
+        self, chat_id: int, role: str, content: str, *, status: str = "done", meta: dict[str, Any] | None = None
+    ) -> Message:
+        """Insert and commit a message (durable when this returns); the first user message titles the chat."""
+        now = time.time()
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO messages(chat_id, role, content, status, meta, created_at) VALUES (?,?,?,?,?,?)",
+                (chat_id, role, content, status, json.dumps(meta or {}), now),
+            )
+            db.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (now, chat_id))
+            if role == "user":
+                db.execute("UPDATE chats SET title = ? WHERE id = ? AND title = ?", (_title_from(content), chat_id, DEFAULT_TITLE))
+            message_id = int(cur.lastrowid)
+        message = self.get_message(message_id)
+        assert message is not None
+        return message
+
+    def begin_answer(self, chat_id: int, meta: dict[str, Any] | None = None) -> Message:
+        """An empty assistant row, 'generating', owned by this process until finished."""
+        meta = dict(meta or {})
+        meta["pid"] = os.getpid()
+        return self.add_message(chat_id, "assistant", "", status="generating", meta=meta)
+
+    def checkpoint_answer(self, message_id: int, content: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE messages SET content = ? WHERE id = ? AND status = 'generating'", (content, message_id))
+
+    def finish_answer(self, message_id: int, content: str, status: str, meta: dict[str, Any] | None = None) -> None:
+        if status not in STATUSES:
+            raise ValueError(f"bad message status {status!r}")
+        with self._tx() as db:
+            row = db.execute("SELECT meta, chat_id FROM messages WHERE id = ?", (message_id,)).fetchone()
+            if row is None:
+                return  # the chat was deleted meanwhile
+            merged = json.loads(row["meta"] or "{}")
+            merged.pop("pid", None)
+            merged.update(meta or {})
+            db.execute(
+                "UPDATE messages SET content = ?, status = ?, meta = ? WHERE id = ?",
+                (content, status, json.dumps(merged), message_id),
+            )
+            db.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (time.time(), row["chat_id"]))
+
+    def update_message(self, message_id: int, content: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
+
+    def delete_message(self, message_id: int) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
+
+    def delete_after(self, chat_id: int, message_id: int) -> int:
+        """Delete the chat's messages after `message_id` (edit-and-rerun); returns how many."""
+        with self._tx() as db:
+            cur = db.execute("DELETE FROM messages WHERE chat_id = ? AND id > ?", (chat_id, message_id))
+            return cur.rowcount
+
+    def prompt_history(self, limit: int = 500) -> list[str]:
+        """Earlier prompts, newest first, without repeats (Up in the prompt box)."""
+        rows = self._query(
+            "SELECT content FROM messages WHERE role = 'user' GROUP BY content ORDER BY MAX(id) DESC LIMIT ?", (limit,)
+        )
+        return [r["content"] for r in rows]
+
+    # -- search ---------------------------------------------------------------------------------
+    def search(self, text: str, limit: int = 50) -> list[SearchHit]:
+        query = fts_query(text)
+        if query is None:
+            return []
+        hits: list[SearchHit] = []
+        like = "%" + text.strip().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        for row in self._query(
+            "SELECT id, title FROM chats WHERE title LIKE ? ESCAPE '\\' ORDER BY updated_at DESC LIMIT ?", (like, limit)
+        ):
+            hits.append(SearchHit(row["id"], row["title"], None, "title", row["title"]))
+        rows = self._query(
+            f"SELECT m.id, m.chat_id, m.role, c.title, "
+            f"snippet(messages_fts, 0, '{HIGHLIGHT_START}', '{HIGHLIGHT_END}', '…', 10) AS snip "
+            f"FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid JOIN chats c ON c.id = m.chat_id "
+            f"WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?",
+            (query, limit),
+        )
+        for row in rows:
+            hits.append(SearchHit(row["chat_id"], row["title"], row["id"], row["role"], " ".join(row["snip"].split())))
+        return hits[:limit]
+
+    # -- settings -------------------------------------------------------------------------------
+    def get_setting(self, key: str, default: Any = None) -> Any:
+        rows = self._query("SELECT value FROM settings WHERE key = ?", (key,))
+        return json.loads(rows[0]["value"]) if rows else default
+
+    def set_setting(self, key: str, value: Any) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO settings(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (key, json.dumps(value)),
+            )
+
+
+def _title_from(content: str) -> str:
+    line = " ".join(content.split())
+    if not line:
+        return DEFAULT_TITLE
+    return line if len(line) <= 40 else line[:39].rstrip() + "…"

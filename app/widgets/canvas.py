@@ -1,0 +1,277 @@
+"""The live canvas: an answer while it denoises.
+
+Undecided positions are dim placeholders (uniform-state models: the dimmed draft token), tokens
+committed in the latest step are highlighted, earlier ones are plain text; a thin progress line
+above reads "step k/N · committed/length tokens · tok/s". The widget is fed the latest StepEvent by
+the screen's refresh timer and renders only when asked, so its cost is bounded by the frame rate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.cells import cell_len
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from textual.strip import Strip
+from textual.widget import Widget
+
+from dgchat.model_backend.canvas import Cell
+from dgchat.model_backend.events import StepEvent
+
+PLACEHOLDER = "·"
+_PROGRESS = -2  # style key of the progress line
+TYPICAL_TOKEN_CELLS = 4.0
+# C0 control characters (byte tokens of a random or small model) shown as control pictures, never
+# written raw to the terminal; newlines stay newlines, tabs become spaces
+_VISIBLE_CONTROLS = {c: 0x2400 + c for c in range(32) if c not in (9, 10)} | {9: " ", 127: "\u2421"}
+
+
+def _wrap(spans: list[tuple[str, int, int]], styles: dict[int, Style], width: int, base: Style) -> list[Strip]:
+    """Lay out styled runs into lines of `width` cells: break before a token that starts with a
+    space (word boundaries of BPE vocabularies), fold tokens longer than a line, honour newlines.
+    Much cheaper than Rich's general wrapping, which matters at 30 repaints a second."""
+    lines: list[Strip] = []
+    current: list[Segment] = []
+    used = 0
+
+    def newline() -> None:
+        nonlocal current, used
+        if used < width:
+            current.append(Segment(" " * (width - used), base))
+        lines.append(Strip(current, width))
+        current, used = [], 0
+
+    for text, cells, key in spans:
+        style = styles[key]
+        parts = text.split("\n") if "\n" in text else (text,)
+        for i, part in enumerate(parts):
+            if i:
+                newline()
+            if not part:
+                continue
+            w = cells if len(parts) == 1 else cell_len(part)
+            if used + w <= width:
+                current.append(Segment(part, style))
+                used += w
+                continue
+            if used and w <= width:  # the token fits on the next line: break before it
+                newline()
+                if part[0] == " " and w > 1:
+                    part, w = part[1:], w - 1
+                current.append(Segment(part, style))
+                used = w
+                continue
+            while part:  # longer than a line: fold
+                room = width - used
+                head, part = chop_cells(part, room) if cell_len(part) > room else (part, "")
+                current.append(Segment(head, style))
+                used += cell_len(head)
+                if part:
+                    newline()
+    if current or not lines:
+        newline()
+    return lines
+
+
+def chop_cells(text: str, cells: int) -> tuple[str, str]:
+    """Split `text` after at most `cells` cells (at least one character)."""
+    total = 0
+    for i, ch in enumerate(text):
+        total += cell_len(ch)
+        if total > cells:
+            return (text[:i], text[i:]) if i else (text[:1], text[1:])
+    return text, ""
+
+
+def progress_text(event: StepEvent, *, stopping: bool = False) -> str:
+    decided = int(event.answer_tokens.size) + int(event.committed)
+    rate = decided / event.elapsed_s if event.elapsed_s > 0 else 0.0
+    canvas = f" · canvas {event.canvas_index + 1}" if event.canvas_index else ""
+    state = " · stopping…" if stopping else ""
+    return (
+        f"step {event.canvas_step}/{event.total_steps}{canvas} · {event.committed}/{event.canvas_length} tokens"
+        f" · {rate:.1f} tok/s{state}"
+    )
+
+
+class LiveCanvas(Widget):
+    """Shows one StepEvent; `show()` replaces it.
+
+    Drawn with Textual's line API: `show()` builds and wraps the text once per event into strips,
+    and asks for a new layout only when the number of lines changes; repaints in between just hand
+    out the cached strips. This keeps the UI thread's share of the CPU (and of the GIL, which the
+    sampler needs too) small, so the generation runs at full speed while the canvas animates."""
+
+    COMPONENT_CLASSES = {
+        "canvas--masked",
+        "canvas--draft",
+        "canvas--new",
+        "canvas--done",
+        "canvas--fixed",
+        "canvas--progress",
+    }
+    DEFAULT_CSS = """
+    LiveCanvas { height: 2; }
+    """
+
+    def __init__(self, engine: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.engine = engine
+        self.event: StepEvent | None = None
+        self.stopping = False
+        self.frames = 0  # rebuilds (one per event shown), for tests and the benchmark
+        self._strips: list[Strip] = []
+        self._built_for: tuple[int, int] | None = None  # (id of the event, width)
+        self._height = 0
+        self._piece_cache: dict[int, tuple[str, int]] = {}
+        self._canvas_styles: tuple[tuple[str, bool], dict[int, Style]] | None = None
+
+    def show(self, event: StepEvent) -> bool:
+        """Display `event`; True when the canvas changed height (the layout changes)."""
+        self.event = event
+        return self._rebuild()
+
+    def mark_stopping(self) -> None:
+        self.stopping = True
+        self._built_for = None
+        self._rebuild()
+
+    def on_resize(self) -> None:
+        self.replan()
+
+    def replan(self) -> None:
+        """Size the canvas afresh from the current event (the reserved room depends on the width,
+        and otherwise on which steps happened to be painted)."""
+        self._built_for = None
+        self._height = 0
+        self._rebuild()
+
+    def _styles(self) -> dict[int, Style]:
+        key = (self.app.theme, self.app.no_color)
+        if self._canvas_styles is not None and self._canvas_styles[0] == key:
+            return self._canvas_styles[1]
+        styles = self._compute_styles()
+        self._canvas_styles = (key, styles)
+        return styles
+
+    def _compute_styles(self) -> dict[int, Style]:
+        get = self.get_component_rich_style
+        styles = {
+            Cell.MASKED: get("canvas--masked", partial=True),
+            Cell.NEW: get("canvas--new", partial=True),
+            Cell.DONE: get("canvas--done", partial=True),
+            Cell.FIXED: get("canvas--fixed", partial=True),
+            -1: get("canvas--draft", partial=True),
+            _PROGRESS: get("canvas--progress", partial=True),
+        }
+        if self.app.no_color:  # no colours to tell states apart: use attributes
+            styles[Cell.NEW] = styles[Cell.NEW] + Style(reverse=True)
+        return styles
+
+    def canvas_text(self) -> Text:
+        text = Text()
+        event = self.event
+        if event is None:
+            return text
+        piece = self.engine.piece
+        styles = self._styles()
+        if event.answer_tokens.size:
+            text.append("".join(piece(int(t)) for t in event.answer_tokens), styles[Cell.DONE])
+        uniform = event.uniform_state
+        # consecutive cells in the same state become one span: far fewer segments to lay out
+        run: list[str] = []
+        run_state: int | None = None
+        for tok, state in zip(event.canvas.tokens.tolist(), event.canvas.state.tolist()):
+            if state == Cell.MASKED:
+                key = -1 if uniform else Cell.MASKED
+                chunk = piece(tok) if uniform else PLACEHOLDER
+            else:
+                key = state
+                chunk = piece(tok)
+            if key != run_state and run:
+                text.append("".join(run), styles[run_state])
+                run = []
+            run_state = key
+            run.append(chunk)
+        if run:
+            text.append("".join(run), styles[run_state])
+        return text
+
+    def _piece(self, token: int) -> tuple[str, int]:
+        """Display text of a token (control characters made visible) and its width in cells."""
+        cached = self._piece_cache.get(token)
+        if cached is None:
+            text = self.engine.piece(token).translate(_VISIBLE_CONTROLS)
+            cached = (text, cell_len(text.replace("\n", "")))
+            self._piece_cache[token] = cached
+        return cached
+
+    def _spans(self) -> list[tuple[str, int, int]]:
+        """(text, width, style key) runs of the current canvas, in order."""
+        event = self.event
+        assert event is not None
+        spans: list[tuple[str, int, int]] = []
+        piece = self._piece
+        for tok in event.answer_tokens.tolist():
+            text, width = piece(tok)
+            spans.append((text, width, Cell.DONE))
+        uniform = event.uniform_state
+        for tok, state in zip(event.canvas.tokens.tolist(), event.canvas.state.tolist()):
+            if state == Cell.MASKED and not uniform:
+                spans.append((PLACEHOLDER, 1, Cell.MASKED))
+            else:
+                text, width = piece(tok)
+                spans.append((text, width, -1 if state == Cell.MASKED else state))
+        return spans
+
+    def _rebuild(self) -> bool:
+        width = self.content_size.width
+        if width <= 0 or not self.is_mounted:
+            self.refresh()
+            return False
+        key = (id(self.event), width)
+        if key == self._built_for:
+            return False
+        self._built_for = key
+        self.frames += 1
+        base = self.rich_style
+        progress_style = base + self._styles()[_PROGRESS]
+        if self.event is None:
+            head = Segment("waiting for the first step…"[:width], progress_style)
+            self._strips = [Strip([head]).adjust_cell_length(width, base)]
+        else:
+            styles = {k: base + v for k, v in self._styles().items()}
+            line = progress_text(self.event, stopping=self.stopping)
+            head = Strip([Segment(line, progress_style)]).crop(0, width).adjust_cell_length(width, base)
+            self._strips = [head, *_wrap(self._spans(), styles, width, base)]
+        needed = len(self._strips)
+        if needed > self._height:
+            # A new height means a new layout of the whole conversation (costly, and it scrolls):
+            # reserve room for the undecided positions at the width tokens have had so far, so the
+            # canvas grows a few times per answer instead of every few steps. It never shrinks.
+            self._height = needed + self._room_to_grow(width)
+            self.styles.height = self._height
+            return True
+        self.refresh()
+        return False
+
+    def _room_to_grow(self, width: int) -> int:
+        event = self.event
+        if event is None:
+            return 0
+        state = event.canvas.state
+        undecided = int((state == Cell.MASKED).sum())
+        if event.uniform_state or not undecided:
+            return 0
+        decided = event.canvas.tokens[state != Cell.MASKED].tolist()
+        measured = sum(self._piece(t)[1] for t in decided) / len(decided) if decided else 0.0
+        # early on few tokens are known: assume at least English's ~4 cells a token
+        avg = measured if len(decided) >= 16 else max(measured, TYPICAL_TOKEN_CELLS)
+        return int(undecided * max(0.0, avg - 1.0) // width) + 1
+
+    def render_line(self, y: int) -> Strip:
+        if y < len(self._strips):
+            return self._strips[y]
+        return Strip.blank(self.content_size.width, self.rich_style)

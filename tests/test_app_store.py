@@ -1,0 +1,231 @@
+"""The chat store on a real SQLite file: schema upgrades, search, crash safety."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from dgchat.app.export import chat_markdown, export_chat
+from dgchat.app.store import DEFAULT_TITLE, SCHEMA_VERSION, Store, StoreError, fts_query
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "data" / "chats.db"
+
+
+def test_chats_and_messages_round_trip(db):
+    with Store(db) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        chat = store.create_chat(system_prompt="be brief", params={"steps": 16})
+        assert chat.title == DEFAULT_TITLE
+        u = store.add_message(chat.id, "user", "  Where is the\nking?  ")
+        a = store.add_message(chat.id, "assistant", "Asleep.", meta={"stats": {"tokens": 3}})
+        assert store.get_chat(chat.id).title == "Where is the king?"  # named after the first prompt
+        assert [m.id for m in store.messages(chat.id)] == [u.id, a.id]
+        assert store.messages(chat.id)[1].meta == {"stats": {"tokens": 3}}
+        store.rename_chat(chat.id, "  The   king ")
+        store.update_chat_settings(chat.id, model="/m.gguf", system_prompt="", params={"temperature": 0.5})
+    with Store(db) as store:  # everything survives a reopen
+        chat = store.get_chat(chat.id)
+        assert (chat.title, chat.model, chat.system_prompt, chat.params) == ("The king", "/m.gguf", "", {"temperature": 0.5})
+        other = store.create_chat("second")
+        assert [c.id for c in store.list_chats()] == [other.id, chat.id]  # most recently updated first
+        store.add_message(chat.id, "user", "again")
+        assert [c.id for c in store.list_chats()] == [chat.id, other.id]
+        store.delete_chat(chat.id)
+        assert store.get_chat(chat.id) is None
+        assert store.messages(chat.id) == []
+        assert store.search("king") == []  # the index follows deletions
+        assert store.integrity_ok()
+
+
+def test_ids_are_never_reused(db):
+    with Store(db) as store:
+        chat = store.create_chat()
+        m = store.add_message(chat.id, "user", "x")
+        store.delete_message(m.id)
+        assert store.add_message(chat.id, "user", "y").id > m.id
+        store.delete_chat(chat.id)
+        assert store.create_chat().id > chat.id
+
+
+def test_answer_lifecycle_and_truncation(db):
+    with Store(db) as store:
+        chat = store.create_chat()
+        store.add_message(chat.id, "user", "one")
+        answer = store.begin_answer(chat.id, {"model": "m.gguf"})
+        assert answer.status == "generating" and answer.meta["pid"] == os.getpid()
+        store.checkpoint_answer(answer.id, "partial")
+        assert store.get_message(answer.id).content == "partial"
+        store.finish_answer(answer.id, "final", "done", {"stop_reason": "eos"})
+        done = store.get_message(answer.id)
+        assert (done.content, done.status, done.meta) == ("final", "done", {"model": "m.gguf", "stop_reason": "eos"})
+        store.checkpoint_answer(answer.id, "late")  # a finished answer is not overwritten by a checkpoint
+        assert store.get_message(answer.id).content == "final"
+        two = store.add_message(chat.id, "user", "two")
+        store.add_message(chat.id, "assistant", "2")
+        assert store.delete_after(chat.id, answer.id) == 2
+        assert [m.content for m in store.messages(chat.id)] == ["one", "final"]
+        assert store.get_message(two.id) is None
+        with pytest.raises(ValueError):
+            store.finish_answer(answer.id, "x", "bogus")
+
+
+def test_full_text_search(db):
+    with Store(db) as store:
+        a = store.create_chat("Dragons")
+        store.add_message(a.id, "user", "Where does the dragon live?")
+        m = store.add_message(a.id, "assistant", "In the mountains, north of the village. Naïve café.")
+        b = store.create_chat("Market")
+        store.add_message(b.id, "user", "The baker sells bread")
+        hits = store.search("mount")
+        assert [(h.chat_id, h.message_id) for h in hits] == [(a.id, m.id)]
+        assert "\x02mountains\x03" in hits[0].snippet
+        assert {h.chat_id for h in store.search("the")} == {a.id, b.id}
+        assert store.search("north village")[0].message_id == m.id  # every word must match
+        assert store.search("north bread") == []
+        assert store.search("cafe naive")[0].message_id == m.id  # diacritics folded
+        assert [h.role for h in store.search("drag")] == ["title", "user"]  # title hits come first
+        # FTS syntax in user input is text, never an error
+        for nasty in ('"', 'a AND (', "NEAR(", "*", "-x", "col:umn", "'"):
+            store.search(nasty)
+        assert fts_query("  ") is None
+        store.update_message(m.id, "Changed text about gryphons")
+        assert store.search("mountains") == []
+        assert store.search("gryphon")[0].message_id == m.id
+
+
+def test_prompt_history_and_settings(db):
+    with Store(db) as store:
+        chat = store.create_chat()
+        for text in ("a", "b", "a", "c"):
+            store.add_message(chat.id, "user", text)
+        store.add_message(chat.id, "assistant", "not a prompt")
+        assert store.prompt_history() == ["c", "a", "b"]
+        assert store.get_setting("theme", "dark") == "dark"
+        store.set_setting("theme", "textual-light")
+        store.set_setting("theme", "textual-dark")
+        assert store.get_setting("theme") == "textual-dark"
+
+
+def test_upgrade_from_schema_1_keeps_and_indexes_old_messages(db):
+    with Store(db, upgrade_to=1) as old:
+        assert old.schema_version == 1
+    raw = sqlite3.connect(db)
+    raw.execute("INSERT INTO chats(title, created_at, updated_at) VALUES ('old chat', 1, 1)")
+    raw.execute("INSERT INTO messages(chat_id, role, content, status, created_at) VALUES (1, 'user', 'ancient scrolls', 'done', 1)")
+    raw.commit()
+    raw.close()
+    with Store(db) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        [message] = store.messages(1)
+        assert (message.content, message.meta) == ("ancient scrolls", {})
+        assert store.search("scroll")[0].message_id == message.id
+
+
+def test_a_newer_schema_is_refused(db):
+    Store(db).close()
+    raw = sqlite3.connect(db)
+    raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    raw.commit()
+    raw.close()
+    with pytest.raises(StoreError, match="newer dgchat"):
+        Store(db)
+
+
+def test_a_file_that_is_not_a_database_is_a_clear_error(db):
+    db.parent.mkdir(parents=True)
+    db.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(StoreError, match="not a usable chat database"):
+        Store(db)
+
+
+_WRITER = textwrap.dedent(
+    """
+    import sys, time
+    from dgchat.app.store import Store
+    store = Store(sys.argv[1])
+    chat = store.create_chat()
+    store.add_message(chat.id, "user", "a prompt typed just before the crash")
+    answer = store.begin_answer(chat.id, {"model": "m.gguf"})
+    print(chat.id, answer.id, flush=True)
+    i = 0
+    while True:  # an answer being checkpointed, like the app does while the canvas denoises
+        i += 1
+        store.checkpoint_answer(answer.id, "word " * i)
+        print(i, flush=True)
+        time.sleep(0.002)
+    """
+)
+
+
+def test_reopen_after_a_kill_mid_answer(db, tmp_path):
+    script = tmp_path / "writer.py"
+    script.write_text(_WRITER)
+    proc = subprocess.Popen([sys.executable, str(script), str(db)], stdout=subprocess.PIPE, text=True)
+    try:
+        chat_id, answer_id = map(int, proc.stdout.readline().split())
+        last = 0
+        deadline = time.monotonic() + 30
+        while last < 20 and time.monotonic() < deadline:
+            last = int(proc.stdout.readline())
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert last >= 20
+    with Store(db) as store:
+        assert store.integrity_ok()
+        messages = store.messages(chat_id)
+        assert [m.role for m in messages] == ["user", "assistant"]
+        assert messages[0].content == "a prompt typed just before the crash"
+        answer = messages[1]
+        assert answer.id == answer_id
+        assert answer.status == "stopped"  # recovered: the writer is gone
+        assert answer.meta == {"model": "m.gguf", "stop_reason": "interrupted"}
+        n = answer.content.count("word")
+        assert n >= last  # every checkpoint the writer reported is on disk
+        assert messages[0].id in [h.message_id for h in store.search("crash")]
+
+
+def test_a_live_writer_is_not_recovered(db):
+    """Another process that is still generating keeps its answer 'generating'."""
+    with Store(db) as store:
+        chat = store.create_chat()
+        answer = store.begin_answer(chat.id)
+        # pretend the row belongs to our parent process, which is alive
+        store._db.execute("UPDATE messages SET meta = ? WHERE id = ?", (json.dumps({"pid": os.getppid()}), answer.id))
+    with Store(db) as store:
+        assert store.get_message(answer.id).status == "generating"
+
+
+def test_markdown_export(db, tmp_path):
+    with Store(db) as store:
+        chat = store.create_chat("Plan", system_prompt="You are terse.")
+        store.add_message(chat.id, "user", "Plan a trip")
+        a = store.begin_answer(chat.id, {"model": "tiny.gguf"})
+        store.finish_answer(a.id, "1. Go\n2. Return", "stopped")
+        messages = store.messages(chat.id)
+        chat = store.get_chat(chat.id)
+    text = chat_markdown(chat, messages)
+    assert text == (
+        "# Plan\n\n> model: `tiny.gguf`\n\n## System\n\nYou are terse.\n\n## You\n\nPlan a trip\n\n"
+        "## Assistant\n\n1. Go\n2. Return\n\n_(stopped: partial answer)_\n"
+    )
+    target = tmp_path / "exports" / "plan.md"
+    target.parent.mkdir()
+    target.write_text("old")
+    export_chat(chat, messages, target)
+    assert target.read_text() == text
+    assert os.listdir(target.parent) == ["plan.md"]

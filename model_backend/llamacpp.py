@@ -357,6 +357,51 @@ class _Batch:
 OutputSpec = slice | np.ndarray | Sequence[int] | None
 
 
+def _libc_strlen():
+    try:
+        libc = ctypes.cdll.msvcrt if sys.platform == "win32" else ctypes.CDLL(None)
+        return libc.strlen
+    except (OSError, AttributeError):
+        return None
+
+
+_STRLEN = _libc_strlen()
+
+
+class AbortFlag:
+    """A cancel flag that llama.cpp polls between graph nodes without entering Python.
+
+    ggml calls the abort callback after every node; a Python callback costs a GIL round trip each
+    time (measured: ~25 ms added to a 7 ms decode of 32 tokens on 2 threads). Instead the callback is
+    libc's strlen on a two-byte buffer: "\\0" has length 0 (false: keep going), "\\1" length 1
+    (true: abort); the byte after it stays 0, so the length never exceeds 1. Without a usable libc
+    the flag falls back to a Python callback."""
+
+    def __init__(self) -> None:
+        self._buf = ctypes.create_string_buffer(2)
+        self._event = threading.Event()
+        self._py_cb = None
+
+    def callback(self):
+        """(callback, data) for llama_context_params."""
+        if _STRLEN is not None:
+            fn = ctypes.cast(_STRLEN, _llama.ggml_abort_callback)
+            return fn, ctypes.cast(self._buf, ctypes.c_void_p)
+        self._py_cb = _llama.ggml_abort_callback(lambda _data: self._event.is_set())
+        return self._py_cb, None
+
+    def set(self) -> None:
+        self._event.set()
+        self._buf[0] = b"\x01"
+
+    def clear(self) -> None:
+        self._event.clear()
+        self._buf[0] = b"\x00"
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+
 class LlamaContext:
     """An inference context. `max_tokens` bounds one decode call (and the ubatch: non-causal
     attention needs the whole batch in one ubatch)."""
@@ -399,13 +444,8 @@ class LlamaContext:
             params.type_k = _llama.GGML_TYPE_F32
             params.type_v = _llama.GGML_TYPE_F32
             params.flash_attn_type = _llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        self._cancel = threading.Event()
-
-        def _abort(_user: ctypes.c_void_p) -> bool:
-            return self._cancel.is_set()
-
-        self._abort_cb = _llama.ggml_abort_callback(_abort)
-        params.abort_callback = self._abort_cb
+        self._cancel = AbortFlag()
+        params.abort_callback, params.abort_callback_data = self._cancel.callback()
         self._ptr = _llama.llama_init_from_model(model._ptr, params)
         if not self._ptr:
             raise EngineError(f"could not create a context of {n_ctx} tokens: {_last_error_line() or 'out of memory?'}")
@@ -439,7 +479,7 @@ class LlamaContext:
             self._causal = causal
 
     @property
-    def cancel_event(self) -> threading.Event:
+    def cancel_event(self) -> AbortFlag:
         """Set it to abort the decode in flight; the decode raises GenerationCancelled."""
         return self._cancel
 

@@ -117,3 +117,21 @@ def test_llama_log_is_captured(llada_gguf: Path) -> None:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "llama_model_loader" not in res.stderr  # silent unless --verbose
     assert int(res.stdout.strip()) > 10  # but kept for error messages
+
+
+def test_abort_flag_stops_a_decode_and_clears(models) -> None:
+    """The cancel flag is polled by llama.cpp itself between graph nodes: a decode started with the
+    flag set aborts (GenerationCancelled) and leaves the context usable once the flag is cleared."""
+    from dgchat.model_backend.errors import GenerationCancelled
+
+    m = models["llama"]
+    tokens = np.concatenate([m.tokenize("Halt!"), np.full(40, m.mask, np.int32)])
+    ctx = LlamaContext(m, n_ctx=128, max_tokens=128)
+    ctx.set_causal(False)
+    ctx.cancel_event.set()
+    with pytest.raises(GenerationCancelled):
+        ctx.decode_tokens(tokens, np.arange(tokens.size))
+    assert not ctx.cancel_event.is_set()  # the wrapper clears it after reporting
+    ctx.clear()
+    out = ctx.decode_tokens(tokens, np.arange(tokens.size))
+    assert out.shape == (tokens.size, m.n_vocab) and np.isfinite(out).all()

@@ -89,13 +89,15 @@ def test_bad_inputs(tmp_path: Path, llada_gguf: Path, causal_gguf: Path, unknown
 
 
 def test_ctrl_c_stops_cleanly(llada_gguf: Path) -> None:
+    # --visual to a pipe prints one frame per step: the first frame proves generation is under way,
+    # however fast the machine, before Ctrl-C arrives
     proc = subprocess.Popen(
         [sys.executable, "-m", "dgchat", "generate", "-m", str(llada_gguf), "-p", "tell me a long story",
-         "--gen-length", "512", "--steps", "4096", "--block-length", "8", "--max-tokens", "512"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+         "--gen-length", "512", "--steps", "4096", "--block-length", "8", "--max-tokens", "512", "--visual"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    time.sleep(4)
-    assert proc.poll() is None, proc.stderr.read()
+    first = proc.stdout.readline()
+    assert first and proc.poll() is None, proc.stderr.read()
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

@@ -19,10 +19,12 @@ from textual.screen import Screen
 
 from dgchat.app.commands import PROVIDERS
 from dgchat.app.config import Config, validate_for_app
+from dgchat.app.engine_job import stop_tools, tools_busy
 from dgchat.app.error_modal import ErrorModal
 from dgchat.app.help_modal import HelpModal, HelpRows
 from dgchat.app.no_model_screen import NoModelScreen
 from dgchat.app.store import Store
+from dgchat.app.tool_commands import TOOL_PROVIDERS
 from dgchat.model_backend.errors import DgchatError
 
 DARK, LIGHT = "textual-dark", "textual-light"
@@ -65,13 +67,16 @@ class ModelFailed(Message):
 class DgchatApp(App[int]):
     CSS_PATH = "dgchat.tcss"
     TITLE = "dgchat"
-    COMMANDS = App.COMMANDS | set(PROVIDERS)
+    COMMANDS = App.COMMANDS | set(PROVIDERS) | set(TOOL_PROVIDERS)
     COMMAND_PALETTE_DISPLAY = "^p"
     BINDINGS = [
         Binding("ctrl+q", "quit", "Quit", show=False, priority=True, id="app.quit"),
         Binding("ctrl+p", "command_palette", "Commands", show=False, priority=True, id="app.command_palette"),
         Binding("f1,question_mark", "help", "Keys", id="app.help"),
         Binding("ctrl+t", "toggle_dark", "Theme", show=False, id="app.toggle_dark"),
+        Binding("f4", "models", "Models", show=False, id="app.models"),
+        Binding("f3", "npc_workshop", "NPC workshop", show=False, id="app.npc_workshop"),
+        Binding("f5", "drafting", "Drafting", show=False, id="app.drafting"),
     ]
 
     def __init__(
@@ -115,21 +120,32 @@ class DgchatApp(App[int]):
         from dgchat.app.chat_screen import ChatScreen
 
         self.push_screen(ChatScreen(open_chat=self.open_chat_id))
-        if self.default_model_path is not None:
-            self.load_model(self.default_model_path)
         first = self.first_run_screen()
+        # the wizard loads the model the user picks; loading the fallback meanwhile would be wasted
+        if self.default_model_path is not None and not _is_wizard(first):
+            self.load_model(self.default_model_path)
         if first is not None:
             self.push_screen(first, self._after_first_run)
 
     def first_run_screen(self) -> Screen | None:
         """The hook for the first-run wizard: a screen to push over the chat at start, or None.
 
-        Today: when there is no model to use, a screen saying so and how to give one. The wizard
-        replaces this with its own screen when `not self.config.exists` (no config file yet); a
-        result of "open" from the pushed screen opens the model picker."""
+        No config file yet and no model named (--model, $DGCHAT_MODEL): the first-run wizard
+        (app/wizard_screen.py), which writes the config. Otherwise, when there is no model to use,
+        a screen saying so and how to give one; a result of "open" from it opens the model picker."""
+        if not self.config.exists and not self._model_given():
+            from dgchat.app.wizard_screen import WizardScreen
+
+            return WizardScreen()
         if self.default_model_path is None:
             return NoModelScreen(short_path(self.config.path))
         return None
+
+    def _model_given(self) -> bool:
+        """A model named on the command line or in $DGCHAT_MODEL (not the bundled fallback)."""
+        from dgchat.assets import bundled_model_path
+
+        return self.default_model_path is not None and self.default_model_path != bundled_model_path()
 
     def _after_first_run(self, result: str | None) -> None:
         if result == "open":
@@ -156,6 +172,9 @@ class DgchatApp(App[int]):
                 return False
         except LookupError:
             pass
+        if tools_busy(self):  # the NPC workshop or the drafting screen is using the engine
+            self.notify("Stop the generation first (Esc), then switch models.", severity="warning")
+            return False
         self.loading_path = path
         self.load_fraction = 0.0
         self.load_errors.pop(path, None)
@@ -214,6 +233,18 @@ class DgchatApp(App[int]):
         self.push_screen(ErrorModal("Model failed to load", f"{short_path(message.path)}\n\n{message.error}"))
         self.chat_screen.model_failed()
 
+    def use_engine(self, path: Path, engine: Any) -> None:
+        """Make an engine loaded elsewhere (the wizard's test run) the loaded model and the default."""
+        path = Path(path)
+        old = self.engine
+        self.engine, self.engine_path = engine, path
+        self.default_model_path = path
+        self.loading_path = None  # a load still running is superseded: it closes its own engine
+        self.load_errors.pop(path, None)
+        if old is not None and old is not engine:
+            old.close()
+        self._model_state_changed()
+
     def _model_state_changed(self) -> None:
         try:
             self.chat_screen.update_status()
@@ -223,6 +254,25 @@ class DgchatApp(App[int]):
     # -- actions --------------------------------------------------------------------------------
     def action_toggle_dark(self) -> None:
         self.theme = LIGHT if self.current_theme.dark else DARK
+
+    def action_models(self) -> None:
+        """The Models screen: list, pull, remove, import, verify and switch models."""
+        from dgchat.app.models_screen import ModelsScreen
+        from dgchat.app.wizard_screen import WizardScreen
+
+        if any(isinstance(s, (ModelsScreen, WizardScreen)) for s in self.screen_stack):
+            return
+        self.push_screen(ModelsScreen())
+
+    def action_npc_workshop(self) -> None:
+        from dgchat.app.npc_screen import open_workshop
+
+        open_workshop(self)
+
+    def action_drafting(self) -> None:
+        from dgchat.app.drafting_screen import open_drafting
+
+        open_drafting(self)
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpModal):
@@ -257,6 +307,7 @@ class DgchatApp(App[int]):
             screen = None
         if screen is not None:
             await screen.stop_and_wait(timeout=5.0)
+        await stop_tools(self, timeout=5.0)  # NPC workshop, drafting: stop, save the draft
 
     def on_unmount(self) -> None:
         self._shutting_down.set()
@@ -266,7 +317,7 @@ class DgchatApp(App[int]):
                 busy = screen.generating
             except LookupError:
                 busy = False
-            if not busy:
+            if not busy and not tools_busy(self):
                 self.engine.close()
             self.engine = None
 
@@ -276,12 +327,17 @@ def binding_sources() -> list[tuple[str, list[type]]]:
     from dgchat.app.chat_screen import ChatScreen
     from dgchat.app.confirm_modal import ConfirmModal
     from dgchat.app.edit_modal import EditModal
+    from dgchat.app.drafting_screen import DraftingScreen
     from dgchat.app.error_modal import ErrorModal as _Error
+    from dgchat.app.models_screen import ModelsScreen
+    from dgchat.app.npc_card_modal import CardModal
+    from dgchat.app.npc_screen import NpcScreen
     from dgchat.app.prompt_modal import PromptModal
     from dgchat.app.search_modal import SearchModal
     from dgchat.app.settings_modal import SettingsModal
     from dgchat.app.widgets.chat_list import ChatList
     from dgchat.app.widgets.message import MessageView
+    from dgchat.app.widgets.npc import CardList, VariantView
     from dgchat.app.widgets.prompt_input import PromptInput
 
     return [
@@ -294,7 +350,19 @@ def binding_sources() -> list[tuple[str, list[type]]]:
         ("Settings", [SettingsModal]),
         ("Edit prompt", [EditModal]),
         ("Dialogs", [ConfirmModal, PromptModal, _Error, NoModelScreen, HelpModal]),
+        ("Models", [ModelsScreen]),
+        ("NPC workshop", [NpcScreen]),
+        ("Characters (workshop list)", [CardList]),
+        ("Focused variant", [VariantView]),
+        ("Character card", [CardModal]),
+        ("Drafting", [DraftingScreen]),
     ]
+
+
+def _is_wizard(screen: Screen | None) -> bool:
+    from dgchat.app.wizard_screen import WizardScreen
+
+    return isinstance(screen, WizardScreen)
 
 
 def _bindings(classes: list[type]) -> list[Binding]:

@@ -77,6 +77,7 @@ class ModelCommands(NamespacedProvider):
             ("reload", "Load the chat's model again", c.action_reload_model),
             ("info", "What the loaded model is and how it runs", c.action_model_info),
             ("reset sampler settings", "Back to the model's recommended defaults for this chat", c.action_reset_settings),
+            ("manage models…", "Download, remove, import, verify and switch models (F4)", self.dgchat.action_models),
         ]
 
 

@@ -1,0 +1,185 @@
+"""What the drafting screen asks the model: a span rewritten (or filled in) between the text before
+and after it, or text continued from the cursor. No UI here; these run on the screen's worker thread.
+
+The model sees the document as plain text (no chat template): the text before the span is the
+prompt, and for a rewrite the canvas is `[span: N free positions][text after: fixed][end]`, a
+CanvasTemplate as in dgchat.npc's line templates and the server's `suffix` completions. The text
+after is tokenized on its own and checked to spell exactly its UTF-8 bytes (npc.templates.Tokenizer.
+segment), so the model conditions on the real text; an end token is fixed after it when it is the
+end of the document. The document itself is never rebuilt from tokens: the proposal is the span's
+decoded bytes, and accepting it replaces only the selected range, so the text before and after
+stays byte-identical by construction.
+
+Long documents: the prompt keeps the last MAX_BEFORE_TOKENS tokens before the span, the canvas the
+first MAX_AFTER_TOKENS after it, and both shrink further when the model's context is smaller.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from dgchat.model_backend.errors import DgchatError
+from dgchat.model_backend.events import FinalEvent
+from dgchat.model_backend.masked_diffusion import CanvasTemplate
+from dgchat.model_backend.params import DiffusionParams
+from dgchat.npc.errors import TemplateError
+from dgchat.npc.templates import Tokenizer
+
+MAX_BEFORE_TOKENS = 1024
+MAX_AFTER_TOKENS = 512
+BEFORE_CHARS = 16_000  # text looked at before tokenizing (bounds the work on a long document)
+AFTER_CHARS = 8_000
+DEFAULT_FILL_TOKENS = 16  # a fill at the cursor (nothing selected)
+MAX_SPAN_TOKENS = 512
+DRAFT_TEMPERATURE = 0.8  # masked models: a retry with the next seed gives another proposal
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    kind: str  # "rewrite" (the span between before and after) | "continue" (from the cursor)
+    before: str
+    selected: str
+    after: str
+    seed: int
+    length: int | None = None  # span / canvas tokens; None: the selection's length (rewrite), the settings' canvas
+
+
+@dataclass(frozen=True)
+class DraftPlan:
+    kind: str
+    prompt: np.ndarray
+    params: DiffusionParams  # resolved
+    template: CanvasTemplate | None
+    span: int  # rewrite: the span's positions (canvas[:span]); continue: the canvas length
+
+
+class _Vocab:
+    """Per engine: the tokenizer, end tokens and control tokens (computed once)."""
+
+    def __init__(self, engine: Any) -> None:
+        model = engine.model
+        self.tokenizer = Tokenizer.for_engine(engine)
+        self.eog = tuple(int(t) for t in model.eog_ids())
+        eog = set(self.eog)
+        self.control = tuple(t for t in range(model.n_vocab) if t not in eog and model.is_control(t))
+        self.end = model.eot if model.eot is not None else model.eos
+        self.bos = model.bos if model.add_bos else None
+
+
+_vocabs: weakref.WeakKeyDictionary[Any, _Vocab] = weakref.WeakKeyDictionary()
+
+
+def vocab_for(engine: Any) -> _Vocab:
+    vocab = _vocabs.get(engine)
+    if vocab is None:
+        vocab = _vocabs[engine] = _Vocab(engine)
+    return vocab
+
+
+def count_tokens(engine: Any, text: str) -> int:
+    return int(vocab_for(engine).tokenizer.tokenize(text).size) if text else 0
+
+
+def _prompt(vocab: _Vocab, before: str, keep: int) -> np.ndarray:
+    tokens = vocab.tokenizer.tokenize(before[-BEFORE_CHARS:])[-keep:] if keep > 0 and before else np.empty(0, np.int32)
+    if vocab.bos is not None:
+        tokens = np.concatenate([np.array([vocab.bos], dtype=np.int32), tokens])
+    if tokens.size == 0:  # an empty document on a model without BOS: start from a line break
+        tokens = vocab.tokenizer.tokenize("\n")
+    return tokens.astype(np.int32)
+
+
+def _sampling(engine: Any, base: DiffusionParams, seed: int) -> DiffusionParams:
+    p = replace(base, seed=seed, mode="dgchat")
+    if p.temperature is None and not engine.info.uniform_state:
+        p = replace(p, temperature=DRAFT_TEMPERATURE)
+    return p
+
+
+def plan_rewrite(engine: Any, request: DraftRequest, base: DiffusionParams) -> DraftPlan:
+    """The span between `request.before` and `request.after`, `length` tokens (default: as many as
+    the selected text has, or DEFAULT_FILL_TOKENS with nothing selected)."""
+    vocab = vocab_for(engine)
+    tok = vocab.tokenizer
+    span = request.length or count_tokens(engine, request.selected) or DEFAULT_FILL_TOKENS
+    span = max(1, min(MAX_SPAN_TOKENS, span))
+    window = request.after[:AFTER_CHARS]
+    try:
+        after = tok.segment(window) if window else np.empty(0, np.int32)
+    except TemplateError:
+        after = tok.tokenize(window)  # cannot spell it exactly: context only, the document is unaffected
+    truncated = len(window) < len(request.after) or after.size > MAX_AFTER_TOKENS
+    after = after[:MAX_AFTER_TOKENS]
+    room = engine.n_ctx_max - span - 2  # 2: BOS and the end token
+    if room < 1:
+        raise DgchatError(f"a span of {span} tokens does not fit the model's context of {engine.n_ctx_max}")
+    after = after[: max(0, min(after.size, room // 2 if request.before else room))]
+    prompt = _prompt(vocab, request.before, min(MAX_BEFORE_TOKENS, room - int(after.size)))
+    end = [] if truncated or vocab.end is None else [int(vocab.end)]
+    fill = engine.info.mask_token if engine.info.mask_token is not None else (engine.model.eos or 0)
+    tokens = np.concatenate([np.full(span, fill, dtype=np.int32), after.astype(np.int32),
+                             np.array(end, dtype=np.int32)])
+    fixed = np.zeros(tokens.size, dtype=bool)
+    fixed[span:] = True
+    # the span continues into the text after it: no end of turn, no control tokens inside it
+    bias = tuple((t, -100.0) for t in sorted(set(vocab.eog) | set(vocab.control)))
+    p = _sampling(engine, base, request.seed)
+    p = replace(p, block_length=None, eps=p.eps if p.eps is not None else 1e-3, gen_length=int(tokens.size),
+                max_tokens=int(tokens.size), logit_bias=p.logit_bias + bias)
+    if not engine.info.uniform_state:
+        p = replace(p, steps=min(int(p.steps or span), span))
+    params = engine.resolve(p)
+    engine.check_fits(int(prompt.size), params)
+    return DraftPlan("rewrite", prompt, params, CanvasTemplate(tokens, fixed), span)
+
+
+def plan_continue(engine: Any, request: DraftRequest, base: DiffusionParams) -> DraftPlan:
+    """Text after `request.before`, up to a canvas (`length`, or the settings' canvas length); the
+    model may end it early with its end token."""
+    vocab = vocab_for(engine)
+    p = _sampling(engine, base, request.seed)
+    if request.length:
+        p = replace(p, gen_length=request.length, max_tokens=request.length, block_length=None)
+    bias = tuple((t, -100.0) for t in vocab.control)
+    p = replace(p, logit_bias=p.logit_bias + bias)
+    params = engine.resolve(p)
+    if params.max_tokens and params.max_tokens > params.gen_length:
+        params = replace(params, max_tokens=params.gen_length)  # one canvas: the proposal is shown whole
+    room = engine.n_ctx_max - int(params.gen_length) - 1
+    if room < 1:
+        raise DgchatError(f"a canvas of {params.gen_length} tokens does not fit the model's context")
+    prompt = _prompt(vocab, request.before, min(MAX_BEFORE_TOKENS, room))
+    engine.check_fits(int(prompt.size), params)
+    return DraftPlan("continue", prompt, params, None, int(params.gen_length))
+
+
+def plan(engine: Any, request: DraftRequest, base: DiffusionParams) -> DraftPlan:
+    return (plan_rewrite if request.kind == "rewrite" else plan_continue)(engine, request, base)
+
+
+_LINE_BREAKS = str.maketrans({c: "\n" for c in "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
+_JUNK = str.maketrans({c: None for c in [*map(chr, range(32)), "\x7f"] if c not in "\t\n"})
+
+
+def clean_text(text: str) -> str:
+    """Generated text as a document holds it: every kind of line break a "\n" (the editor writes it
+    with the document's own line ending), other control characters dropped, so what is shown is
+    exactly what is inserted."""
+    return text.replace("\r\n", "\n").translate(_LINE_BREAKS).translate(_JUNK)
+
+
+def proposal_text(engine: Any, plan: DraftPlan, final: FinalEvent) -> str:
+    """The proposed text: the span's (or the continuation's) bytes, decoded (and cleaned)."""
+    vocab = vocab_for(engine)
+    tokens = np.asarray(final.tokens, dtype=np.int32)
+    if plan.kind == "rewrite":
+        tokens = tokens[: plan.span]
+    else:
+        ends = np.flatnonzero(np.isin(tokens, np.array(vocab.eog, dtype=np.int32)))
+        if ends.size:
+            tokens = tokens[: int(ends[0])]
+    return clean_text(vocab.tokenizer.bytes_of(tokens).decode("utf-8", errors="replace"))

@@ -1,0 +1,383 @@
+"""Drafting: a document the model helps write.
+
+The document is a TextArea saved to <data>/drafts/draft.txt (atomically, a second after the last
+change, and when leaving the screen or quitting) and restored when the screen opens again.
+
+Ctrl+R rewrites the selected span in context (the text before *and* after it; with nothing
+selected it fills in at the cursor), Ctrl+G continues from the cursor. The proposal denoises in
+place: while it runs and until it is decided, the editor is replaced by a preview of the same lines
+with the canvas at the span. Enter / y accepts it (one edit: Ctrl+Z undoes it), Esc / n rejects it
+(the document is untouched), r asks again with the next seed, + / - asks for a longer or shorter
+span; Esc while it runs stops it. The model math is drafting_plan's and the engine's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.geometry import Offset
+from textual.timer import Timer
+from textual.widgets import Footer, Header, TextArea
+from textual.widgets.text_area import Selection
+
+from dgchat.app import paths
+from dgchat.app.engine_job import EngineJob, ToolScreen, open_tool
+from dgchat.app.drafting_plan import DraftPlan, DraftRequest, plan, proposal_text
+from dgchat.app.error_modal import ErrorModal
+from dgchat.app.widgets.draft_preview import DraftPreview
+from dgchat.app.widgets.status_bar import StatusBar
+from dgchat.model_backend.events import FinalEvent, StepEvent
+
+AUTOSAVE_DELAY = 1.0  # seconds after the last change
+
+
+def open_drafting(app: Any) -> None:
+    open_tool(app, DraftingScreen.TOOL_NAME, DraftingScreen)
+
+
+def draft_path() -> Path:
+    return paths.data_dir() / "drafts" / "draft.txt"
+
+
+@dataclass
+class Proposal:
+    request: DraftRequest
+    start: tuple[int, int]  # the span in the document (TextArea locations)
+    end: tuple[int, int]
+    plan: DraftPlan | None = None
+    text: str | None = None  # set when the proposal is finished
+    engine: Any = None
+
+
+class DraftingScreen(ToolScreen):
+    TOOL_NAME = "drafting"
+    TITLE = "Drafting"
+    BINDINGS = [
+        Binding("ctrl+r", "rewrite", "Rewrite / fill", id="draft.rewrite"),
+        Binding("ctrl+g", "continue", "Continue", id="draft.continue"),
+        Binding("enter,y", "accept", "Accept", id="draft.accept"),
+        Binding("escape,n", "reject", "Reject", id="draft.reject"),
+        Binding("r", "retry", "Another", id="draft.retry"),
+        Binding("plus,equals_sign", "resize(1)", "Longer", id="draft.longer"),
+        Binding("minus", "resize(-1)", "Shorter", id="draft.shorter"),
+        Binding("escape", "stop", "Stop", id="draft.stop"),
+        Binding("escape", "back", "Back", id="draft.back"),
+        Binding("ctrl+s", "save", "Save", show=False, id="draft.save"),
+    ]
+    # CSS, not DEFAULT_CSS: it must win over the app stylesheet (e.g. its LiveCanvas rule); Screen CSS is
+    # app-wide, hence every rule names the screen
+    CSS = """
+    DraftingScreen #draft-editor { height: 1fr; border: none; padding: 0 1; }
+    DraftingScreen #draft-preview-scroll { height: 1fr; padding: 0 1; display: none; }
+    DraftingScreen.-proposing #draft-editor { display: none; }
+    DraftingScreen.-proposing #draft-preview-scroll { display: block; }
+    DraftingScreen #draft-status { height: 1; padding: 0 1; color: $text-muted; background: $surface; }
+    """
+
+    def __init__(self, path: Path | None = None) -> None:
+        super().__init__(id="drafting-screen")
+        self.path = path or draft_path()
+        self.proposal: Proposal | None = None
+        self._saved_text = ""
+        self._save_timer: Timer | None = None
+        self._save_error: str | None = None
+        self._seed = 0
+        self._note = ""
+
+    def compose(self) -> ComposeResult:
+        yield Header(icon="≡")
+        yield TextArea("", id="draft-editor", soft_wrap=True, tab_behavior="focus",
+                       placeholder="Write here. Select text and press Ctrl+R to have it rewritten in context, "
+                                   "or Ctrl+G to continue from the cursor.")
+        with VerticalScroll(id="draft-preview-scroll", can_focus=True):
+            yield DraftPreview(id="draft-preview")
+        yield StatusBar(id="draft-status")
+        yield Footer()
+
+    @property
+    def editor(self) -> TextArea:
+        return self.query_one("#draft-editor", TextArea)
+
+    @property
+    def preview(self) -> DraftPreview:
+        return self.query_one("#draft-preview", DraftPreview)
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        seed = self.app.config.sampler_params().seed
+        self._seed = int(seed) if seed is not None else 0
+        editor = self.editor
+        if self.app.is_headless:
+            editor.cursor_blink = False
+        self._load()
+        editor.focus()
+        self.update_status()
+
+    # -- the file -------------------------------------------------------------------------------
+    def _load(self) -> None:
+        editor = self.editor
+        try:
+            with self.path.open(encoding="utf-8", newline="") as handle:  # line ends kept as they are
+                text = handle.read()
+        except FileNotFoundError:
+            text = ""
+        except (OSError, UnicodeDecodeError) as exc:
+            # never overwrite a file we could not read: keep it aside and start afresh
+            aside = self.path.with_name(self.path.name + ".unreadable")
+            try:
+                self.path.replace(aside)
+                where = f"it was moved to {aside.name}"
+            except OSError:
+                where = "it is left as it was"
+                self.path = self.path.with_name("draft-new.txt")
+            self.app.push_screen(ErrorModal("Cannot read the draft", f"{self.path}: {exc}\n\n{where}."))
+            text = ""
+        editor.load_text(text)
+        self._saved_text = text
+        end = editor.document.end
+        editor.move_cursor(end)
+
+    def on_text_area_changed(self, event: TextArea.Changed) -> None:
+        if event.text_area.id != "draft-editor":
+            return
+        if self._save_timer is not None:
+            self._save_timer.stop()
+        if event.text_area.text != self._saved_text:
+            self._save_timer = self.set_timer(AUTOSAVE_DELAY, self.save_now)
+        self.update_status()
+
+    def save_now(self) -> bool:
+        """Write the document if it changed; False when writing failed (the status line says why)."""
+        if self._save_timer is not None:
+            self._save_timer.stop()
+            self._save_timer = None
+        text = self.editor.text
+        if text == self._saved_text:
+            return True
+        try:
+            paths.atomic_write_text(self.path, text)
+        except OSError as exc:
+            self._save_error = f"not saved: {exc.strerror or exc}"
+            self.update_status()
+            return False
+        self._saved_text = text
+        self._save_error = None
+        self.update_status()
+        return True
+
+    def action_save(self) -> None:
+        if self.save_now():
+            self.notify(f"Saved {self._short_path()}")
+
+    def on_screen_suspend(self) -> None:
+        self.save_now()
+
+    def before_exit(self) -> None:
+        self.save_now()
+
+    def on_unmount(self) -> None:
+        super().on_unmount()
+        try:
+            self.save_now()
+        except Exception:  # noqa: BLE001 - the widgets may be gone already
+            pass
+
+    # -- asking the model -----------------------------------------------------------------------
+    def action_rewrite(self) -> None:
+        self._ask("rewrite")
+
+    def action_continue(self) -> None:
+        self._ask("continue")
+
+    def _ask(self, kind: str) -> None:
+        if self.engine_busy or self.proposal is not None:
+            return
+        editor = self.editor
+        start, end = sorted((editor.selection.start, editor.selection.end))
+        if kind == "continue":
+            start = end = editor.selection.end  # from the cursor; a selection is kept
+        before = editor.get_text_range((0, 0), start)
+        after = editor.get_text_range(end, editor.document.end)
+        selected = editor.get_text_range(start, end)
+        request = DraftRequest(kind, before, selected, after, seed=self._seed)
+        self._note = ""
+        self._seed += 1
+        self._start(Proposal(request, start, end))
+
+    def _start(self, proposal: Proposal) -> None:
+        engine = self.engine_for_job()
+        if engine is None:
+            return
+        editor = self.editor
+        proposal.engine = engine
+        self.proposal = proposal
+        # the preview starts at the document line at the top of the editor: the span stays put
+        top_row = editor.wrapped_document.offset_to_location(Offset(0, int(editor.scroll_offset.y)))[0]
+        top = (min(top_row, proposal.start[0]), 0)
+        shown_before = editor.get_text_range(top, proposal.start)
+        editor.read_only = True
+        self.add_class("-proposing")
+        self.preview.start(engine, shown_before, proposal.request.after, proposal.request.kind,
+                           proposal.request.length or 0)
+        self.query_one("#draft-preview-scroll").focus()
+        base = self.app.config.sampler_params()
+        request = proposal.request
+
+        def run(job: EngineJob) -> tuple[DraftPlan, FinalEvent | None]:
+            draft = plan(engine, request, base)
+            proposal.plan = draft  # the UI reads the span length while the job runs
+            final = None
+            for event in engine.generate(draft.prompt, draft.params, cancel=job.cancel, template=draft.template):
+                if isinstance(event, StepEvent):
+                    job.record(0, event, progress=(event.canvas_step, event.total_steps))
+                else:
+                    final = event
+            return draft, final
+
+        self.start_job(EngineJob("draft", run))
+        self.update_status()
+
+    def show_progress(self, job: EngineJob) -> None:
+        proposal = self.proposal
+        event = job.latest.get(0)
+        if proposal is not None and proposal.plan is not None and event is not None:
+            self.preview.show(event, proposal.plan.span)
+        self.update_status()
+
+    def job_finished(self, job: EngineJob) -> None:
+        proposal = self.proposal
+        if proposal is None:
+            return
+        result = job.result
+        final = result[1] if result is not None else None
+        if job.error is not None or final is None or final.stop_reason == "cancelled":
+            self._close_preview()
+            if job.cancelled or (final is not None and final.stop_reason == "cancelled"):
+                self.notify("Stopped; the document is unchanged.")
+            else:
+                self.app.push_screen(ErrorModal("Cannot write the proposal", job.error_text()))
+            return
+        proposal.plan = result[0]
+        proposal.text = proposal_text(proposal.engine, proposal.plan, final)
+        self.preview.finish(proposal.text)
+        self.update_status()
+
+    def action_accept(self) -> None:
+        proposal = self.proposal
+        if proposal is None or proposal.text is None:
+            return
+        editor = self.editor
+        self._close_preview()
+        # one undoable edit: a checkpoint on each side keeps typing before or after it separate
+        editor.history.checkpoint()
+        result = editor.replace(proposal.text, proposal.start, proposal.end, maintain_selection_offset=False)
+        editor.history.checkpoint()
+        editor.selection = Selection(proposal.start, result.end_location)
+        self._note = "accepted · Ctrl+Z undoes it"
+        self.update_status()
+
+    def action_reject(self) -> None:
+        if self.proposal is None or self.engine_busy:
+            return
+        self._close_preview()
+        self._note = "rejected"
+        self.update_status()
+
+    def action_retry(self) -> None:
+        proposal = self.proposal
+        if proposal is None or proposal.text is None or self.engine_busy:
+            return
+        request = replace(proposal.request, seed=self._seed, length=proposal.plan.span if proposal.plan else None)
+        self._seed += 1
+        self._close_preview()
+        self._start(Proposal(request, proposal.start, proposal.end))
+
+    def action_resize(self, direction: int) -> None:
+        proposal = self.proposal
+        if proposal is None or proposal.text is None or proposal.plan is None or self.engine_busy:
+            return
+        span = proposal.plan.span
+        span = span + max(1, span // 2) if direction > 0 else max(1, span - max(1, span // 3))
+        request = replace(proposal.request, seed=self._seed, length=span)
+        self._seed += 1
+        self._close_preview()
+        self._start(Proposal(request, proposal.start, proposal.end))
+
+    def _close_preview(self) -> None:
+        self.proposal = None
+        editor = self.editor
+        editor.read_only = False
+        self.remove_class("-proposing")
+        editor.focus()
+        self.refresh_bindings()
+
+    def action_stop(self) -> None:
+        self.stop_job()
+        self.update_status()
+
+    def action_back(self) -> None:
+        self.save_now()
+        if len(self.app.screen_stack) > 1:
+            self.app.pop_screen()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        busy = self.engine_busy
+        open_ = self.proposal is not None
+        if action == "stop":
+            return busy
+        if action in ("accept", "retry", "resize"):
+            return open_ and not busy and self.proposal.text is not None  # type: ignore[union-attr]
+        if action == "reject":
+            return open_ and not busy
+        if action in ("rewrite", "continue", "back"):
+            return not open_ and not busy
+        return True
+
+    # -- status ---------------------------------------------------------------------------------
+    def _short_path(self) -> str:
+        from dgchat.app.app import short_path
+
+        return short_path(self.path)
+
+    def update_status(self) -> None:
+        try:
+            bar = self.query_one("#draft-status", StatusBar)
+            editor = self.editor
+        except Exception:  # noqa: BLE001 - not composed yet
+            return
+        proposal = self.proposal
+        job = self.job
+        if proposal is not None:
+            request = proposal.request
+            what = "Rewriting" if request.kind == "rewrite" else "Continuing"
+            size = f" · {proposal.plan.span} tokens" if proposal.plan is not None else ""
+            if job is not None and job.running:
+                done, total = job.progress
+                state = " · stopping…" if job.cancel.is_set() else " · Esc stops"
+                bar.set_text(f"{what}{size} · seed {request.seed} · step {done}/{total}{state}")
+                bar.set_loading(done / total if total else 0.0)
+                return
+            bar.set_loading(None)
+            if proposal.text is not None:
+                bar.set_text(f"Proposal{size} · seed {request.seed} · Enter/y accept · Esc/n reject · r another · "
+                             "+/- longer/shorter")
+                return
+        bar.set_loading(None)
+        text = editor.text
+        words = len(text.split())
+        if self._save_error:
+            saved = self._save_error
+        else:
+            saved = "saved" if text == self._saved_text else "editing…"
+        note = f" · {self._note}" if self._note else ""
+        bar.set_text(f"{self._short_path()} · {saved} · {words} words{note} · {self.model_status()}")
+
+    def _idle_status(self) -> None:
+        if not self.engine_busy and self.proposal is None:
+            self.update_status()
+

@@ -1,0 +1,518 @@
+"""What the first-run wizard and the Models screen share: the model manager and the machine, one
+hub call at a time in a worker thread with progress, the words for progress, fits and errors, the
+token dialog, and saving the default model to the config file.
+
+Hub calls (pull, import, verify, storing a token) block and may take minutes, so they run in a
+thread worker. Their progress callback is called in that thread; `HubTask` throttles it to ten
+reports a second (plus every phase change) and hands each to the UI thread with
+`App.call_from_thread`. The task's cancel event pauses a download (the partial file is kept and the
+next pull resumes it); closing the task (the screen goes away) also stops the hand-over, so a
+worker never waits on a UI that is shutting down.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widget import Widget
+from textual.widgets import Button, Input, Label, ProgressBar, Static
+
+from dgchat.hub import (
+    DiskFullError,
+    DownloadCancelled,
+    DownloadError,
+    Hardware,
+    ModelManager,
+    NotFoundOnHubError,
+    Progress,
+    TokenRequiredError,
+    VerificationError,
+    detect_hardware,
+)
+from dgchat.hub.fit import FitEstimate
+from dgchat.hub.manager import ModelRow, PullResult
+from dgchat.hub.util import format_bytes
+from dgchat.model_backend.errors import DgchatError
+
+PROGRESS_EVERY = 0.1  # seconds between progress hand-overs to the UI (phase changes always go through)
+
+WHERE = {
+    "installed": "installed",
+    "bundled": "bundled",
+    "in HF cache": "HF cache",
+    "available": "download",
+    "missing": "missing",
+}
+
+
+# -- the model manager and the machine ------------------------------------------------------------
+
+
+def make_manager() -> ModelManager:
+    """The model manager with dgchat's folders and the shipped catalog (the hub from $HF_ENDPOINT)."""
+    return ModelManager()
+
+
+def machine(models_dir: Path) -> Hardware:
+    """This machine as the user last described it: detection plus the saved corrections."""
+    return detect_hardware(models_dir)
+
+
+def machine_as_detected(models_dir: Path) -> Hardware:
+    return detect_hardware(models_dir, apply_saved=False)
+
+
+# -- words -----------------------------------------------------------------------------------------
+
+
+def short_path(path: Path | str) -> str:
+    path = Path(path)
+    try:
+        return "~/" + str(path.relative_to(Path.home()))
+    except ValueError:
+        return str(path)
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        m, s = divmod(s, 60)
+        return f"{m} min {s:02d} s" if m < 10 else f"{m} min"
+    h, rest = divmod(s, 3600)
+    return f"{h} h {rest // 60:02d} min"
+
+
+def fmt_size(size: int, exact: bool = True) -> str:
+    return format_bytes(size) if exact else "≈" + format_bytes(size)
+
+
+def where_text(row: ModelRow) -> str:
+    if row.status == "partial" and row.partial is not None:
+        frac = row.partial.fraction
+        return f"paused {100 * frac:.0f}%" if frac is not None else "paused"
+    return WHERE.get(row.status, row.status)
+
+
+def fit_text(fit: FitEstimate | None) -> str:
+    if fit is None:
+        return "fit unknown"
+    return fit.badge + ("; not enough disk" if fit.disk_ok is False else "")
+
+
+def estimate_text(fit: FitEstimate) -> str:
+    """The stated estimate in one line: what it needs, made of what, compared with what."""
+    reason = fit.reason
+    said = f"needs {format_bytes(fit.need)}"
+    if reason.startswith(said):  # the sum is spelled out here already
+        reason = reason[len(said):].lstrip(",; ")
+    return (f"needs about {format_bytes(fit.need)} = file {format_bytes(fit.weights)} + KV cache "
+            f"{format_bytes(fit.kv_cache)} for {fit.context} tokens + overhead {format_bytes(fit.overhead)}"
+            + (f"; {reason}" if reason else ""))
+
+
+def row_details(row: ModelRow, hw: Hardware | None = None) -> str:
+    """What a person needs to choose this row: what it is, where it comes from, will it fit."""
+    lines = [f"{row.title} — {fit_text(row.fit)}" + ("  ★ recommended" if row.recommended else "")]
+    if row.description:
+        lines.append(row.description)
+    if row.fit is not None:
+        lines.append("Memory: " + estimate_text(row.fit))
+    if row.status in ("installed", "bundled") and row.path is not None:
+        lines.append(f"On this machine: {short_path(row.path)}")
+    elif row.status == "in HF cache":
+        lines.append("Found in your Hugging Face cache: used from there, no download"
+                     + (" (converted once)" if row.needs_convert else "") + ".")
+    elif row.status in ("available", "partial") and row.entry is not None:
+        disk = row.fit.disk_need if row.fit is not None else row.size
+        free = f" ({format_bytes(hw.disk_free)} free)" if hw is not None and hw.disk_free is not None else ""
+        where = short_path(hw.models_dir) if hw is not None else "the models folder"
+        lines.append(f"Download: {row.entry.repo} · {row.entry.filename}, {fmt_size(row.size, row.size_exact)}"
+                     + (", converted once after the download" if row.needs_convert else "")
+                     + f"; needs {format_bytes(disk)} of disk in {where}{free}.")
+        if row.partial is not None:
+            lines.append(f"A paused download holds {format_bytes(row.partial.done)}"
+                         + (f" of {format_bytes(row.partial.total)}" if row.partial.total else "")
+                         + "; it continues from there.")
+    lines.extend(row.notes)
+    return "\n".join(lines)
+
+
+PHASES = {
+    "resolving": "Asking the hub about the file…",
+    "downloading": "Downloading",
+    "verifying": "Checking the sha256",
+    "converting": "Converting to dgchat's layout",
+    "done": "Done",
+}
+
+
+def progress_text(p: Progress) -> str:
+    """One line: bytes, speed and time left while downloading; what is being checked or converted."""
+    if p.phase == "downloading":
+        total = f" of {format_bytes(p.total)}" if p.total else ""
+        speed = f" · {format_bytes(p.speed)}/s" if p.speed else ""
+        eta = f" · {fmt_duration(p.eta)} left" if p.eta is not None and p.speed else ""
+        resumed = f" · resumed at {format_bytes(p.resumed_from)}" if p.resumed_from else ""
+        return f"{format_bytes(p.done)}{total}{speed}{eta}{resumed}"
+    if p.phase == "verifying":
+        return f"sha256 of {p.name}: {format_bytes(p.done)}" + (f" of {format_bytes(p.total)}" if p.total else "")
+    if p.phase == "converting":
+        return f"tensor {p.done} of {p.total}" if p.total else "reading the file…"
+    if p.phase == "resolving":
+        return p.name
+    return ""
+
+
+def pull_summary(result: PullResult) -> str:
+    """What happened, and how the file was checked, in a sentence or two."""
+    where = short_path(result.path)
+    if result.action == "bundled":
+        return f"The bundled model: {where}"
+    if result.action == "already installed":
+        return f"Already installed: {where}"
+    model = result.model
+    sha = f"sha256 {model.sha256[:16]}…" if model is not None else ""
+    if result.action == "from HF cache":
+        how = model.verified_by if model is not None else "checked"
+        text = f"Taken from your Hugging Face cache without a download; {sha} ({how}). {where}"
+    else:
+        how = model.verified_by if model is not None and model.verified_by else "checked"
+        resumed = ""
+        if result.download is not None and result.download.resumed_from:
+            resumed = f" Resumed at {format_bytes(result.download.resumed_from)}."
+        text = f"Verified: {sha} matches ({how}).{resumed} Saved as {where}"
+    notes = " ".join(n for n in result.notes if n)
+    return text + (f"\n{notes}" if notes else "")
+
+
+@dataclass(frozen=True)
+class Problem:
+    title: str
+    message: str
+    retry: str | None  # label of the button that tries again, or None
+    token: bool = False  # a Hugging Face token would help
+
+
+def describe_problem(exc: BaseException) -> Problem:
+    """A hub error as the UI shows it: a title, the one-line message, and what can be done."""
+    if isinstance(exc, TokenRequiredError):
+        return Problem("This model needs a Hugging Face token", str(exc), "Enter a token…", token=True)
+    if isinstance(exc, DiskFullError):
+        msg = str(exc)
+        if exc.resumable and "pull again" not in msg:
+            msg += f"; the {format_bytes(exc.bytes_done)} downloaded so far are kept: free some space and retry"
+        return Problem("Not enough disk space", msg, "Retry")
+    if isinstance(exc, DownloadCancelled):
+        return Problem("Paused", str(exc), "Resume")
+    if isinstance(exc, VerificationError):
+        return Problem("The download did not verify", str(exc), "Download again")
+    if isinstance(exc, NotFoundOnHubError):
+        return Problem("Not found on the hub", str(exc), "Retry")
+    if isinstance(exc, DownloadError):
+        return Problem("Download failed", str(exc), "Resume" if exc.resumable else "Retry")
+    if isinstance(exc, DgchatError):
+        return Problem("That did not work", str(exc), "Retry")
+    return Problem("That did not work", f"{type(exc).__name__}: {exc}", "Retry")
+
+
+# -- one hub call in a worker thread ---------------------------------------------------------------
+
+
+@dataclass
+class HubTask:
+    """A running hub call: `stop()` pauses it (cancel event), `close()` also stops UI hand-overs."""
+
+    name: str
+    cancel: threading.Event = field(default_factory=threading.Event)
+    closing: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+    last: Progress | None = None
+
+    @property
+    def running(self) -> bool:
+        return not self.done.is_set()
+
+    def stop(self) -> None:
+        self.cancel.set()
+
+    def close(self) -> None:
+        self.closing.set()
+        self.cancel.set()
+
+
+def start_hub_task(
+    node: Widget,
+    name: str,
+    call: Callable[[Callable[[Progress], None], threading.Event], Any],
+    *,
+    progress: Callable[[Progress], None],
+    done: Callable[[Any], None],
+    failed: Callable[[BaseException], None],
+) -> HubTask:
+    """Run `call(on_progress, cancel)` in a thread worker of `node`; its progress, result or error
+    reach `progress` / `done` / `failed` on the UI thread."""
+    task = HubTask(name)
+    app = node.app
+    last_sent = [0.0, ""]
+
+    def hand_over(callback: Callable[..., Any], *args: Any) -> None:
+        if task.closing.is_set():
+            return
+        try:
+            app.call_from_thread(callback, *args)
+        except RuntimeError:  # the app is not running any more
+            pass
+
+    def on_progress(p: Progress) -> None:
+        task.last = p
+        now = time.monotonic()
+        if p.phase != last_sent[1] or now - last_sent[0] >= PROGRESS_EVERY or (p.total and p.done >= p.total):
+            last_sent[0], last_sent[1] = now, p.phase
+            hand_over(progress, p)
+
+    def work() -> None:
+        try:
+            result = call(on_progress, task.cancel)
+        except BaseException as exc:  # noqa: BLE001 - shown to the user, never lost in a thread
+            task.done.set()
+            hand_over(failed, exc)
+        else:
+            task.done.set()
+            hand_over(done, result)
+
+    node.run_worker(work, thread=True, group="hub", exit_on_error=False, name=name)
+    return task
+
+
+# -- a transfer on screen --------------------------------------------------------------------------
+
+
+class TransferPanel(Vertical):
+    """A pull, import or verification on screen: phase, bar, bytes/speed/time left, the hub's
+    messages (retries), then the result or the problem."""
+
+    DEFAULT_CSS = """
+    TransferPanel { height: auto; }
+    TransferPanel > .tp--phase { text-style: bold; }
+    TransferPanel > ProgressBar { margin: 0 0 0 0; }
+    TransferPanel > ProgressBar > Bar { width: 1fr; }
+    TransferPanel > .tp--message { color: $text-muted; }
+    TransferPanel > .tp--result { color: $success; }
+    TransferPanel > .tp--error { color: $error; }
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.active = False
+
+    def compose(self) -> ComposeResult:
+        yield Label("", classes="tp--phase", markup=False)
+        yield ProgressBar(total=100, show_eta=False)
+        yield Static("", classes="tp--status", markup=False)
+        yield Static("", classes="tp--message", markup=False)
+        yield Static("", classes="tp--result", markup=False)
+        yield Static("", classes="tp--error", markup=False)
+
+    def _set(self, cls: str, text: str) -> None:
+        widget = self.query_one(f".{cls}")
+        widget.update(text)  # type: ignore[attr-defined]
+        widget.display = bool(text)  # no blank lines between what is said
+
+    def _bar(self, done: int | None, total: int | None) -> None:
+        bar = self.query_one(ProgressBar)
+        if total:
+            bar.update(total=total, progress=min(done or 0, total))
+        else:
+            bar.update(total=100, progress=0)
+
+    def start(self, phase: str, done: int = 0, total: int | None = None) -> None:
+        self.active = True
+        self._set("tp--phase", phase)
+        self._bar(done, total)
+        for cls in ("tp--status", "tp--message", "tp--result", "tp--error"):
+            self._set(cls, "")
+
+    def show(self, p: Progress) -> None:
+        if not self.active:
+            return
+        self._set("tp--phase", PHASES.get(p.phase, p.phase))
+        if p.total:
+            self._bar(p.done, p.total)
+        self._set("tp--status", progress_text(p))
+        if p.message:
+            self._set("tp--message", p.message)
+
+    def stopping(self) -> None:
+        self._set("tp--phase", "Stopping…")
+
+    def paused(self, exc: DownloadCancelled) -> None:
+        self.active = False
+        self._set("tp--phase", "Paused")
+        self._set("tp--message", "")
+        if exc.bytes_total:
+            self._bar(exc.bytes_done, exc.bytes_total)
+            self._set("tp--status", f"Paused at {format_bytes(exc.bytes_done)} of {format_bytes(exc.bytes_total)}. "
+                                    "The partial file is kept: Resume continues from there, also after quitting "
+                                    "dgchat.")
+        else:
+            self._set("tp--status", str(exc))
+
+    def finished(self, text: str) -> None:
+        self.active = False
+        self._set("tp--phase", "Done")
+        self._bar(1, 1)
+        self._set("tp--status", "")
+        self._set("tp--message", "")
+        self._set("tp--result", "✓ " + text)
+
+    def failed(self, problem: Problem) -> None:
+        self.active = False
+        self._set("tp--phase", problem.title)
+        self._set("tp--status", "")
+        self._set("tp--error", problem.message)
+
+    @property
+    def phase_text(self) -> str:
+        return str(self.query_one(".tp--phase", Label).render())
+
+    def text(self, cls: str) -> str:
+        return str(self.query_one(f".tp--{cls}", Static).render())
+
+
+# -- the token dialog ------------------------------------------------------------------------------
+
+
+class TokenModal(ModalScreen[bool]):
+    """Ask for a Hugging Face access token for a gated repo, check it with the hub and store it in
+    the hub's own token storage (dgchat.hub.store_token). Dismisses with True once stored."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel", id="dialog.cancel")]
+
+    def __init__(self, repo: str, message: str, had_token: bool) -> None:
+        super().__init__(classes="dialog-screen")
+        self.repo = repo
+        self.message = message
+        self.had_token = had_token
+        self._store_task: HubTask | None = None
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog -wide", id="token-dialog"):
+            yield Label("Hugging Face token", classes="dialog--title")
+            yield Static(self.message, markup=False, classes="dialog--body", id="token-why")
+            yield Static(
+                f"1. Open https://huggingface.co/{self.repo} and accept the licence (once).\n"
+                "2. Create a read token at https://huggingface.co/settings/tokens and paste it below.\n"
+                "It is checked with the hub and kept in the hub's own token file (~/.cache/huggingface), "
+                "where every Hugging Face tool finds it.",
+                markup=False, classes="dialog--help",
+            )
+            yield Input(placeholder="hf_…", password=True, id="token-value")
+            yield Label("", id="token-error", classes="dialog--error", markup=False)
+            with Horizontal(classes="dialog--buttons"):
+                yield Button("Save token and retry", variant="primary", id="ok")
+                yield Button("Cancel", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one(Input).focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self._submit()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        if event.button.id == "ok":
+            self._submit()
+        else:
+            self.action_cancel()
+
+    def _submit(self) -> None:
+        if self._store_task is not None and self._store_task.running:
+            return
+        token = self.query_one(Input).value.strip()
+        error = self.query_one("#token-error", Label)
+        if not token:
+            error.update("paste a token first")
+            return
+        error.update("Checking the token with the hub…")
+        self.query_one("#ok", Button).disabled = True
+
+        def call(_progress: Callable[[Progress], None], _cancel: threading.Event) -> Any:
+            from dgchat.hub import store_token
+
+            return store_token(token)
+
+        self._store_task = start_hub_task(self, "store-token", call, progress=lambda p: None,
+                                    done=self._stored, failed=self._rejected)
+
+    def _stored(self, _info: Any) -> None:
+        self.dismiss(True)
+
+    def _rejected(self, exc: BaseException) -> None:
+        self.query_one("#token-error", Label).update(str(exc) if isinstance(exc, DgchatError) else
+                                                     f"{type(exc).__name__}: {exc}")
+        self.query_one("#ok", Button).disabled = False
+        self.query_one(Input).focus()
+
+    def action_cancel(self) -> None:
+        if self._store_task is not None:
+            self._store_task.close()
+        self.dismiss(False)
+
+
+# -- the config file -------------------------------------------------------------------------------
+
+_TABLE_RE = re.compile(r"^\s*\[")
+_DEFAULT_RE = re.compile(r"^\s*default_model\s*=")
+CONFIG_HEADER = (
+    "# dgchat settings; every key is optional (docs/APP.md lists them all).\n"
+    "# Written by the first-run setup; edit freely.\n"
+)
+
+
+def save_default_model(config_path: Path, model_path: Path | str | None) -> None:
+    """Set (or with None remove) `default_model` in the config file, keeping everything else as it
+    is (comments, other keys, tables); creates the file if there is none. Atomic."""
+    from dgchat.app.config import ConfigError
+    from dgchat.app.paths import atomic_write_text
+    from dgchat.npc.toml_write import toml_string
+
+    config_path = Path(config_path)
+    try:
+        old = config_path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        old = CONFIG_HEADER
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{config_path}: cannot be read: {exc}") from None
+    lines = old.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    first_table = next((i for i, line in enumerate(lines) if _TABLE_RE.match(line)), len(lines))
+    kept = [line for i, line in enumerate(lines) if i >= first_table or not _DEFAULT_RE.match(line)]
+    first_table -= len(lines) - len(kept)
+    if model_path is not None:
+        # after the leading comments and keys, before the first [table] (keys there would belong to it)
+        kept.insert(first_table, f"default_model = {toml_string(str(model_path))}\n")
+    text = "".join(kept)
+    try:
+        parsed = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{config_path}: not valid TOML, so default_model was not written: {exc}") from None
+    if parsed.get("default_model") != (str(model_path) if model_path is not None else None):
+        raise ConfigError(f"{config_path}: default_model could not be set (a multi-line value?); edit it by hand")
+    atomic_write_text(config_path, text)

@@ -1,0 +1,538 @@
+"""The NPC workshop: character cards, a line to write (free, or a template with holes), N variants
+generated at once and drawn live as they denoise, keep / reject, export of the kept lines.
+
+Everything about lines is dgchat.npc's (docs/NPC.md): the screen builds a LineSpec from the form,
+runs `NpcGenerator(engine).generate(spec, progress=…, cancel=…)` on a worker thread (one batched
+decode per step for all variants), and hands the kept variants to build_export / write_export. The
+same card, line, seed, count and model give the same lines here as with `dgchat npc`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
+from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
+
+from dgchat.app.confirm_modal import ConfirmModal
+from dgchat.app.engine_job import EngineJob, ToolScreen, open_tool
+from dgchat.app.error_modal import ErrorModal
+from dgchat.app.npc_card_modal import CardModal
+from dgchat.app.npc_cards import CardShelf, load_shelf, remove_card
+from dgchat.app.prompt_modal import PromptModal
+from dgchat.app.widgets.npc import BatchView, CardList, VariantView
+from dgchat.app.widgets.status_bar import StatusBar
+from dgchat.model_backend.errors import DgchatError
+from dgchat.model_backend.params import DiffusionParams
+from dgchat.npc.cards import CharacterCard
+from dgchat.npc.errors import NpcError, TemplateError
+from dgchat.npc.export import build_export, write_export
+from dgchat.npc.generator import LENGTH_PRESETS, MAX_COUNT, LineBatch, LineSpec, NpcGenerator, NpcProgress
+from dgchat.npc.paths import data_dir
+from dgchat.npc.templates import parse_template
+
+PHASES = {"length": "trying hole lengths", "score": "scoring lengths", "generate": "denoising",
+          "retry": "regenerating (banned word or empty line)"}
+
+
+def open_workshop(app: Any) -> None:
+    open_tool(app, NpcScreen.TOOL_NAME, NpcScreen)
+
+
+def default_export_path() -> Path:
+    return data_dir() / "npc" / "exports" / "lines.json"
+
+
+class NpcScreen(ToolScreen):
+    TOOL_NAME = "npc-workshop"
+    TITLE = "NPC workshop"
+    BINDINGS = [
+        Binding("escape", "stop", "Stop", id="npc.stop"),
+        Binding("escape", "back", "Back", id="npc.back"),
+        Binding("ctrl+g", "generate", "Generate", id="npc.generate"),
+        Binding("ctrl+n", "new_card", "New card", id="npc.new_card"),
+        Binding("ctrl+o", "edit_card", "Edit card", id="npc.edit_card"),
+        Binding("ctrl+s", "export", "Export", id="npc.export"),
+    ]
+    # CSS, not DEFAULT_CSS: it must win over the app stylesheet (e.g. its LiveCanvas rule); Screen CSS is
+    # app-wide, hence every rule names the screen
+    CSS = """
+    NpcScreen #npc-main { height: 1fr; }
+    NpcScreen #npc-side { width: 30; border-right: solid $panel; background: $surface; }
+    NpcScreen .npc--title { padding: 0 1; text-style: bold; color: $text-muted; }
+    NpcScreen #npc-cards { height: 1fr; border: none; background: $surface; }
+    NpcScreen #npc-cards:focus { background-tint: $foreground 4%; }
+    NpcScreen #npc-card-errors { height: auto; max-height: 8; padding: 0 1; color: $error; }
+    NpcScreen .npc--hint { padding: 0 1; color: $text-muted; }
+    NpcScreen #npc-pane { width: 1fr; }
+    NpcScreen #npc-spec { height: auto; padding: 1 1 0 1; border-bottom: solid $panel; }
+    NpcScreen .npc--row { height: auto; }
+    NpcScreen .npc--label { width: 10; color: $text-muted; }
+    NpcScreen .npc--label-inline { width: auto; color: $text-muted; margin: 0 1; }
+    NpcScreen #npc-context { width: 20; }
+    NpcScreen #npc-situation { width: 1fr; }
+    NpcScreen #npc-template { width: 1fr; }
+    NpcScreen #npc-vars-grid { grid-size: 6; grid-columns: auto 1fr auto 1fr auto 1fr; grid-rows: 1;
+                               grid-gutter: 0 1; height: auto; width: 1fr; }
+    NpcScreen .npc--var-label { width: auto; color: $secondary; }
+    NpcScreen #npc-vars-none { width: 1fr; color: $text-muted; }
+    NpcScreen #npc-length { width: 16; }
+    NpcScreen #npc-count, NpcScreen #npc-seed, NpcScreen #npc-temperature { width: 5; }
+    NpcScreen #npc-generate { margin-left: 2; }
+    NpcScreen #npc-spec-error { color: $error; height: auto; }
+    NpcScreen #npc-spec-error.-empty { display: none; }
+    NpcScreen #npc-results { height: 1fr; padding: 0 1; }
+    NpcScreen .npc--empty { color: $text-muted; padding: 1 1; }
+    NpcScreen BatchView { height: auto; margin-top: 1; }
+    NpcScreen .batch--title { text-style: bold; color: $text-muted; }
+    NpcScreen .batch--note { color: $warning; }
+    NpcScreen VariantView { height: auto; padding: 0 1; border-left: outer $panel; }
+    NpcScreen VariantView:focus { border-left: outer $accent; background: $boost; }
+    NpcScreen VariantView.-kept { border-left: outer $success; }
+    NpcScreen VariantView.-kept:focus { border-left: outer $accent; }
+    NpcScreen VariantView.-rejected .variant--text { color: $text-disabled; text-style: strike; }
+    NpcScreen .variant--head { color: $text-muted; }
+    NpcScreen VariantView.-kept .variant--head { color: $success; }
+    NpcScreen VariantView.-problem .variant--head { color: $warning; }
+    NpcScreen VariantCanvas { margin: 0; padding: 0; border: none; }
+    NpcScreen VariantCanvas > .canvas--progress { color: $text-muted; }
+    NpcScreen VariantCanvas > .canvas--masked { color: $text-disabled; }
+    NpcScreen VariantCanvas > .canvas--draft { color: $text-disabled; text-style: italic; }
+    NpcScreen VariantCanvas > .canvas--new { color: $text; background: $accent 35%; text-style: bold; }
+    NpcScreen VariantCanvas > .canvas--done { color: $text; }
+    NpcScreen VariantCanvas > .canvas--fixed { color: $secondary; }
+    NpcScreen #npc-status { height: 1; padding: 0 1; color: $text-muted; background: $surface; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__(id="npc-screen")
+        self.shelf = CardShelf()
+        self.batches: list[LineBatch] = []
+        self.var_values: dict[str, str] = {}
+        self._slots: tuple[str, ...] = ()
+        self._batch_view: BatchView | None = None
+        self._generator: tuple[Any, NpcGenerator] | None = None  # (engine, its generator)
+        self._export_path: Path | None = None
+        self._current_card: str | None = None
+
+    # -- layout ---------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield Header(icon="≡")
+        with Horizontal(id="npc-main"):
+            with Vertical(id="npc-side"):
+                yield Label("Characters", classes="npc--title")
+                yield CardList(id="npc-cards")
+                yield Static("", id="npc-card-errors", markup=False)
+                yield Static("", classes="npc--hint", id="npc-cards-hint", markup=False)
+            with Vertical(id="npc-pane"):
+                with Vertical(id="npc-spec"):
+                    with Horizontal(classes="npc--row"):
+                        yield Label("Context", classes="npc--label")
+                        yield Input(placeholder="gate_night", id="npc-context", compact=True)
+                        yield Label("Situation", classes="npc--label-inline")
+                        yield Input(placeholder="The player walks up to the closed gate after dark.",
+                                    id="npc-situation", compact=True)
+                    with Horizontal(classes="npc--row"):
+                        yield Label("Template", classes="npc--label")
+                        yield Input(placeholder="empty: a free line · Halt, {player}! None may pass the {___} after dark.",
+                                    id="npc-template", compact=True)
+                    with Horizontal(classes="npc--row"):
+                        yield Label("Variables", classes="npc--label")
+                        yield Static("none — a {name} in the template asks for one", id="npc-vars-none",
+                                     markup=False)
+                        yield Grid(id="npc-vars-grid")
+                    with Horizontal(classes="npc--row"):
+                        yield Label("Length", classes="npc--label")
+                        yield Select([(f"{name} ≤{n}", name) for name, n in LENGTH_PRESETS.items()],
+                                     value="short", allow_blank=False, id="npc-length", compact=True)
+                        yield Label("Variants", classes="npc--label-inline")
+                        yield Input("4", type="integer", id="npc-count", compact=True)
+                        yield Label("Seed", classes="npc--label-inline")
+                        yield Input("0", type="integer", id="npc-seed", compact=True)
+                        yield Label("Temp", classes="npc--label-inline")
+                        yield Input("", placeholder="0.8", type="number", id="npc-temperature", compact=True)
+                        yield Button("Generate", id="npc-generate", compact=True, variant="primary")
+                    yield Label("", id="npc-spec-error", markup=False, classes="-empty")
+                with VerticalScroll(id="npc-results"):
+                    yield Static("Pick a character, write a line (or leave the template empty for a free line) "
+                                 "and press Ctrl+G. Each variant denoises live; k keeps it, x rejects it; Ctrl+S "
+                                 "exports the kept lines as JSON or CSV.", classes="npc--empty", id="npc-empty",
+                                 markup=False)
+                yield StatusBar(id="npc-status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.query_one("#npc-vars-grid").display = False
+        self.reload_cards()
+        self.update_status()
+        self.query_one(CardList).focus()
+
+    # -- cards ----------------------------------------------------------------------------------
+    @property
+    def current_card(self) -> CharacterCard | None:
+        return self.query_one(CardList).current
+
+    def reload_cards(self, select: str | None = None) -> None:
+        self.shelf = load_shelf()
+        cards = self.query_one(CardList)
+        current = select or (cards.current.id if cards.current else self._current_card)
+        cards.set_cards(self.shelf.cards, current)
+        errors = self.query_one("#npc-card-errors", Static)
+        if self.shelf.errors:
+            errors.update("\n".join(f"⚠ {e}" for e in self.shelf.errors))
+            errors.display = True
+        else:
+            errors.display = False
+        hint = "n new · e edit · d delete" if self.shelf.cards else "No characters yet: n (or Ctrl+N) creates one"
+        self.query_one("#npc-cards-hint", Static).update(hint)
+
+    def on_card_list_request(self, event: CardList.Request) -> None:
+        event.stop()
+        if event.action == "new":
+            self.action_new_card()
+        elif event.action == "edit":
+            self._edit(event.card)
+        elif event.action == "delete" and event.card is not None:
+            self._delete(event.card)
+
+    def action_new_card(self) -> None:
+        self._edit(None)
+
+    def action_edit_card(self) -> None:
+        card = self.current_card
+        if card is None:
+            self.notify("No character yet: Ctrl+N creates one.")
+            return
+        self._edit(card)
+
+    def _edit(self, card: CharacterCard | None) -> None:
+        def done(saved: CharacterCard | None) -> None:
+            if saved is not None:
+                self.reload_cards(select=saved.id)
+                self.notify(f"Saved {saved.name} ({self._short(saved.source)})")
+
+        self.app.push_screen(CardModal(card, self.shelf.cards), done)
+
+    def _delete(self, card: CharacterCard) -> None:
+        def done(yes: bool | None) -> None:
+            if not yes:
+                return
+            try:
+                remove_card(card)
+            except (OSError, DgchatError) as exc:
+                self.app.push_screen(ErrorModal("Cannot delete the card", str(exc)))
+                return
+            self.reload_cards()
+
+        where = self._short(card.source) if card.source else "its file"
+        self.app.push_screen(ConfirmModal(f"Delete {card.name}?", f"The card is removed from {where}."), done)
+
+    def on_option_list_option_highlighted(self, event: CardList.OptionHighlighted) -> None:
+        card = self.current_card
+        if card is not None:
+            self._current_card = card.id
+            self.sub_title = card.name
+
+    # -- the line form --------------------------------------------------------------------------
+    def on_input_changed(self, event: Input.Changed) -> None:
+        widget_id = event.input.id or ""
+        if widget_id == "npc-template":
+            self._template_changed(event.value)
+        elif widget_id.startswith("npc-var-"):
+            self.var_values[widget_id.removeprefix("npc-var-")] = event.value
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if (event.input.id or "").startswith("npc-"):
+            event.stop()
+            self.action_generate()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "npc-generate":
+            event.stop()
+            self.action_generate()
+
+    def spec_error(self, message: str) -> None:
+        """Name a problem with the line under the form ("" clears it)."""
+        label = self.query_one("#npc-spec-error", Label)
+        label.update(message)
+        label.set_class(not message, "-empty")
+
+    def _template_changed(self, source: str) -> None:
+        self.query_one("#npc-length", Select).disabled = bool(source.strip())
+        if not source.strip():
+            self.spec_error("")
+            self._set_slots(())
+            return
+        try:
+            template = parse_template(source)
+        except TemplateError as exc:
+            self.spec_error(str(exc))
+            return
+        self.spec_error("" if template.holes else "the template has no hole ({___}) for the model to fill")
+        self._set_slots(template.slots)
+
+    def _set_slots(self, slots: tuple[str, ...]) -> None:
+        if slots == self._slots:
+            return
+        self._slots = slots
+        grid = self.query_one("#npc-vars-grid", Grid)
+        grid.remove_children()
+        widgets = []
+        for name in slots:
+            widgets.append(Label(f"{{{name}}}", classes="npc--var-label", markup=False))
+            widgets.append(Input(self.var_values.get(name, ""), placeholder="value", id=f"npc-var-{name}",
+                                 compact=True))
+        grid.mount_all(widgets)
+        grid.display = bool(slots)
+        self.query_one("#npc-vars-none").display = not slots
+
+    def _int_field(self, widget_id: str, label: str) -> int:
+        raw = self.query_one(f"#{widget_id}", Input).value.strip()
+        try:
+            return int(raw)
+        except ValueError:
+            raise NpcError(f"{label}: enter a whole number (got {raw!r})") from None
+
+    def build_spec(self) -> LineSpec:
+        """The form as a LineSpec, validated; NpcError names the problem."""
+        card = self.current_card
+        if card is None:
+            raise NpcError("no character: create one first (Ctrl+N)")
+        source = self.query_one("#npc-template", Input).value
+        template = source if source.strip() else None  # kept exactly as typed: its text stays byte-identical
+        variables: dict[str, str] = {}
+        if template is not None:
+            parsed = parse_template(template)
+            for name in parsed.slots:
+                value = self.var_values.get(name, "")
+                if not value:
+                    raise NpcError(f"the variable {{{name}}} has no value")
+                variables[name] = value
+            filled = parsed.fill(variables)
+            if not filled.holes:
+                raise TemplateError("the template has no hole ({___}) for the model to fill")
+        count = self._int_field("npc-count", "Variants")
+        if not 1 <= count <= MAX_COUNT:
+            raise NpcError(f"Variants: 1 to {MAX_COUNT} (got {count})")
+        seed = self._int_field("npc-seed", "Seed")
+        raw_t = self.query_one("#npc-temperature", Input).value.strip()
+        try:
+            temperature = float(raw_t) if raw_t else None
+        except ValueError:
+            raise NpcError(f"Temp: enter a number (got {raw_t!r})") from None
+        if temperature is not None and not 0 <= temperature <= 5:
+            raise NpcError(f"Temp: 0 to 5 (got {raw_t})")
+        spec = LineSpec(
+            card,
+            context=self.query_one("#npc-context", Input).value.strip(),
+            situation=self.query_one("#npc-situation", Input).value.strip(),
+            template=template,
+            variables=variables,
+            length=str(self.query_one("#npc-length", Select).value),
+            count=count,
+            seed=seed,
+            params=DiffusionParams(temperature=temperature),
+        )
+        spec.validate()
+        return spec
+
+    # -- generating -----------------------------------------------------------------------------
+    def action_generate(self) -> None:
+        if self.engine_busy:
+            return
+        try:
+            spec = self.build_spec()
+        except DgchatError as exc:
+            self.spec_error(str(exc))
+            return
+        self.spec_error("")
+        engine = self.engine_for_job()
+        if engine is None:
+            return
+        results = self.query_one("#npc-results", VerticalScroll)
+        for hint in self.query("#npc-empty"):
+            hint.remove()
+        view = BatchView(self._batch_title(spec), spec.count, spec.seed, engine, classes="batch")
+        self._batch_view = view
+        results.mount(view)
+        results.scroll_end(animate=False)
+
+        def run(job: EngineJob) -> LineBatch:
+            cached = self._generator
+            if cached is None or cached[0] is not engine:
+                cached = self._generator = (engine, NpcGenerator(engine))
+
+            def progress(p: NpcProgress) -> None:
+                job.record(p.variant if p.variant is not None else -1, p.event, phase=p.phase,
+                           progress=(p.done, p.total))
+
+            return cached[1].generate(spec, progress=progress, cancel=job.cancel)
+
+        self.start_job(EngineJob("npc", run))
+        self.update_status()
+
+    @staticmethod
+    def _batch_title(spec: LineSpec) -> str:
+        line = f"“{spec.template}”" if spec.template is not None else f"free line, {spec.length}"
+        seeds = f"seed {spec.seed}" if spec.count == 1 else f"seeds {spec.seed}–{spec.seed + spec.count - 1}"
+        context = f" · {spec.context}" if spec.context else ""
+        return f"{spec.card.name}{context} · {line} · {seeds}"
+
+    def show_progress(self, job: EngineJob) -> None:
+        view = self._batch_view
+        if view is not None:
+            for variant in view.variant_views:
+                event = job.latest.get(variant.index)
+                if event is not None and variant.canvas is not None and variant.canvas.event is not event:
+                    variant.canvas.show(event)
+        self.update_status()
+
+    def job_finished(self, job: EngineJob) -> None:
+        view, self._batch_view = self._batch_view, None
+        if job.error is None and job.result is not None:
+            batch: LineBatch = job.result
+            self.batches.append(batch)
+            if view is not None:
+                view.finish(batch)
+                views = view.variant_views
+                if views:
+                    views[0].focus()
+                    self.query_one("#npc-results", VerticalScroll).scroll_end(animate=False)
+        else:
+            if view is not None:
+                view.remove()
+            if job.cancelled:
+                self.notify("Stopped; nothing was kept from that line.")
+            elif isinstance(job.error, NpcError):
+                self.spec_error(job.error_text())
+            else:
+                self.app.push_screen(ErrorModal("Cannot generate the line", job.error_text()))
+        self.update_status()
+
+    def on_variant_view_mark(self, event: VariantView.Mark) -> None:
+        event.stop()
+        view = event.view
+        batch = view.batch
+        if batch is None:
+            return
+        try:
+            if event.status == "kept":
+                batch.keep(view.index)
+            else:
+                batch.reject(view.index)
+        except NpcError as exc:
+            self.notify(str(exc), severity="warning")
+        view.refresh_state()
+        self.update_status()
+
+    def action_keep_all(self) -> None:
+        """Keep every variant of the last line that was not rejected."""
+        if not self.batches:
+            return
+        self.batches[-1].keep_all()
+        for view in self.query(VariantView):
+            view.refresh_state()
+        self.update_status()
+
+    def action_clear(self) -> None:
+        if self.engine_busy:
+            return
+        self.batches.clear()
+        results = self.query_one("#npc-results", VerticalScroll)
+        results.remove_children()
+        self.update_status()
+
+    # -- export ---------------------------------------------------------------------------------
+    @property
+    def kept_count(self) -> int:
+        return sum(len(b.kept) for b in self.batches)
+
+    def action_export(self) -> None:
+        kept = self.kept_count
+        if not kept:
+            self.notify("Nothing kept yet: press k on a variant to keep it.", severity="warning")
+            return
+        path = self._export_path or default_export_path()
+
+        def check(text: str) -> str | None:
+            if not text:
+                return "enter a file name"
+            if Path(text).suffix.lower() not in (".json", ".csv"):
+                return "the file name must end in .json or .csv"
+            return None
+
+        def done(value: str | None) -> None:
+            if value:
+                self.export_to(Path(value).expanduser())
+
+        self.app.push_screen(PromptModal(
+            "Export kept lines", self._short(path), ok_label="Export", check=check,
+            help_text=f"{kept} kept line{'s' if kept != 1 else ''}: JSON or CSV by the file's extension "
+                      "(the format of docs/NPC.md, no timestamps).",
+        ), done)
+
+    def export_to(self, path: Path) -> Path | None:
+        batches = [b for b in self.batches if b.kept]
+        try:
+            document = build_export(batches)
+            written = write_export(path, document)
+        except DgchatError as exc:
+            self.app.push_screen(ErrorModal("Cannot export", str(exc)))
+            return None
+        self._export_path = written
+        n = len(document["lines"])
+        self.notify(f"Exported {n} line{'s' if n != 1 else ''} to {self._short(written)}")
+        return written
+
+    # -- the rest -------------------------------------------------------------------------------
+    @staticmethod
+    def _short(path: Path | None) -> str:
+        from dgchat.app.app import short_path
+
+        return short_path(path) if path is not None else ""
+
+    def update_status(self) -> None:
+        try:
+            bar = self.query_one("#npc-status", StatusBar)
+        except Exception:  # noqa: BLE001 - not composed yet
+            return
+        job = self.job
+        if job is not None and job.running:
+            done, total = job.progress
+            phase = PHASES.get(job.phase, "starting")
+            state = " · stopping…" if job.cancel.is_set() else ""
+            bar.set_text(f"Generating · {phase} · {done}/{total}{state} · Esc stops")
+            bar.set_loading(done / total if total else 0.0)
+            return
+        bar.set_loading(None)
+        text = self.model_status()
+        kept = self.kept_count
+        if kept:
+            text += f" · {kept} kept · Ctrl+S exports"
+        bar.set_text(text)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "stop":
+            return self.engine_busy
+        if action == "back":
+            return not self.engine_busy
+        if action in ("generate", "clear"):
+            return not self.engine_busy
+        return True
+
+    def action_stop(self) -> None:
+        self.stop_job()
+        view = self._batch_view
+        if view is not None:
+            for variant in view.variant_views:
+                if variant.canvas is not None:
+                    variant.canvas.mark_stopping()
+        self.update_status()
+
+    def action_back(self) -> None:
+        if len(self.app.screen_stack) > 1:
+            self.app.pop_screen()

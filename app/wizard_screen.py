@@ -1,0 +1,865 @@
+"""The first-run wizard: shown instead of the chat when there is no config file yet.
+
+    1 Welcome    what dgchat is, and the promise: after setup nothing leaves this machine
+    2 Machine    cores, RAM, free disk, GPU offload, VRAM (dgchat.hub.detect_hardware); every value
+                 can be corrected and the correction is kept (hardware.toml)
+    3 Model      the catalog with fit badges and the estimate behind them, the recommendation
+                 preselected; the bundled model is always a choice; installed models and models in
+                 the Hugging Face cache need no download
+    4 Download   bytes, speed and time left; Cancel keeps the partial file and Resume continues it
+                 (also after quitting); the sha256 result; a gated repo asks for a token; a
+                 DiffusionGemma file is converted with progress
+    5 Ready      the model loads and answers a short test on the live canvas; "Start chatting"
+                 writes `default_model` to the config (so the wizard does not come back) and hands
+                 the loaded model to the chat
+
+The only network traffic is the download the user starts in step 4 (dgchat.hub lifts HF_HUB_OFFLINE
+for that call alone); everything else reads local files.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.timer import Timer
+from textual.widgets import Button, Checkbox, ContentSwitcher, DataTable, Input, Label, ProgressBar, Static
+
+from dgchat.app import model_ops
+from dgchat.app.generation import LiveGeneration
+from dgchat.app.model_ops import HubTask, Problem, TransferPanel, describe_problem, short_path, start_hub_task
+from dgchat.app.widgets.canvas import LiveCanvas
+from dgchat.hub import DownloadCancelled, Hardware, HubError, TokenRequiredError
+from dgchat.hub.fit import Fit
+from dgchat.hub.manager import ModelRow, PullResult
+from dgchat.hub.registry import InstalledModel
+from dgchat.hub.util import format_bytes
+from dgchat.model_backend.errors import DgchatError, InvalidParameterError
+from dgchat.model_backend.params import DiffusionParams
+
+STEPS = ("welcome", "hardware", "model", "download", "ready")
+STEP_TITLES = {"welcome": "Welcome", "hardware": "This machine", "model": "Model", "download": "Download",
+               "ready": "Ready"}
+TEST_PROMPT = "Say hello and tell me, in one sentence, what you can do."
+TEST_TOKENS = 32  # the test answer's canvas: long enough to watch, short enough on a CPU
+
+WELCOME = (
+    "dgchat chats with text-diffusion language models on this computer. An answer starts as a "
+    "canvas of blanks that the model fills in over a few parallel steps, and you watch it happen.\n\n"
+    "Setup takes a minute: it looks at what this machine offers, suggests a model that fits, "
+    "downloads it if it is not here yet, and runs a short test."
+)
+PROMISE = ("After this setup, nothing leaves this machine: no telemetry, no network calls. dgchat goes "
+           "online only when you ask it to download a model.")
+
+# hardware field -> (label, input id, kind)
+HW_FIELDS = (
+    ("cpu_cores", "CPU cores", "hw-cores"),
+    ("ram_total", "RAM", "hw-ram"),
+    ("disk_free", "Free disk", "hw-disk"),
+    ("vram_total", "GPU memory", "hw-vram"),
+)
+FIT_STYLES = {Fit.VRAM: "bold green", Fit.RAM: "yellow", Fit.NONE: "red", Fit.UNKNOWN: "dim"}
+
+
+def load_engine(path: Path, *, n_gpu_layers: int | None, n_threads: int | None, progress: Any) -> Any:
+    """The engine for the test run (tests wrap it to hold the canvas at a fixed step)."""
+    from dgchat.model_backend.engine import DiffusionEngine
+
+    return DiffusionEngine.load(path, n_gpu_layers=n_gpu_layers, n_threads=n_threads, progress=progress)
+
+
+def trial_params(engine: Any, base: DiffusionParams) -> DiffusionParams:
+    """The chat's settings for this model, on a canvas of at most TEST_TOKENS tokens with
+    proportionally fewer steps (a multiple of the number of blocks); the full settings if the
+    shortened ones do not validate."""
+    full = engine.resolve(base)
+    if full.gen_length <= TEST_TOKENS:
+        return full
+    gen = TEST_TOKENS
+    block = full.block_length if full.block_length and gen % full.block_length == 0 else None
+    n_blocks = gen // block if block else 1
+    steps = max(n_blocks, min(full.steps, round(full.steps * gen / full.gen_length)))
+    steps -= steps % n_blocks
+    try:
+        return engine.resolve(replace(full, gen_length=gen, block_length=block, steps=steps, max_tokens=gen))
+    except InvalidParameterError:
+        return full
+
+
+def _size_text(value: int | None) -> str:
+    return format_bytes(value) if value is not None else ""
+
+
+class WizardScreen(Screen[None]):
+    """Pushed over the chat screen by DgchatApp.first_run_screen(); dismissed into the chat."""
+
+    BINDINGS = [Binding("escape", "back", "Back", show=False)]
+
+    def __init__(self) -> None:
+        super().__init__(id="wizard-screen")
+        self.step = "welcome"
+        self.mgr: Any = None  # ModelManager
+        self.hw: Hardware | None = None
+        self._shown_hw: dict[str, str] = {}  # the text each hardware field was filled with
+        self.rows: list[ModelRow] = []
+        self.choice: ModelRow | None = None
+        self.model_path: Path | None = None
+        self.pull_task: HubTask | None = None
+        self.download_state = "idle"  # idle | running | paused | failed | done
+        self.problem: Problem | None = None
+        self.pull_result: PullResult | InstalledModel | None = None
+        self.detecting = False
+        self.engine: Any = None
+        self.engine_path: Path | None = None
+        self.load_state = "idle"  # idle | loading | loaded | failed
+        self.generation: LiveGeneration | None = None
+        self.canvas: LiveCanvas | None = None
+        self._shown_event: Any = None
+        self._timer: Timer | None = None
+        self._finish_when_done = False
+        self._leaving = threading.Event()
+        self._handed_over: Any = None  # the engine given to the chat: never closed here
+        self._close_lock = threading.Lock()
+
+    # -- layout ---------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        with Vertical(id="wizard"):
+            yield Label("dgchat setup", id="wiz-title")
+            yield Static("", id="wiz-steps")
+            with ContentSwitcher(initial="step-welcome", id="wiz-body"):
+                with VerticalScroll(id="step-welcome", classes="wiz-step"):
+                    yield Label("Welcome to dgchat", classes="wiz--h1")
+                    yield Static(WELCOME, markup=False, classes="wiz--text")
+                    yield Static(Text.assemble(("Promise: ", "bold"), PROMISE), id="wiz-promise",
+                                 classes="wiz--promise")
+                    yield Static("", id="wiz-welcome-error", classes="wiz--error", markup=False)
+                with VerticalScroll(id="step-hardware", classes="wiz-step"):
+                    yield Label("This machine", classes="wiz--h1")
+                    yield Static("Detected automatically. If something is wrong, correct it here: the model "
+                                 "suggestions are based on these numbers, and your corrections are kept.",
+                                 markup=False, classes="wiz--text")
+                    with Grid(id="hw-grid"):
+                        for key, label, wid in HW_FIELDS:
+                            yield Label(label, classes="hw--label")
+                            yield Input("", id=wid, compact=True, placeholder="unknown, e.g. 8G"
+                                        if key != "cpu_cores" else "unknown")
+                            yield Label("", id=f"{wid}-note", classes="hw--note", markup=False)
+                        yield Label("GPU offload", classes="hw--label")
+                        yield Checkbox("offloads", id="hw-offload", compact=True)
+                        yield Label("", id="hw-offload-note", classes="hw--note", markup=False)
+                    yield Static("", id="hw-notes", classes="wiz--muted", markup=False)
+                    yield Static("", id="hw-error", classes="wiz--error", markup=False)
+                with Vertical(id="step-model", classes="wiz-step"):
+                    yield Label("Choose a model", classes="wiz--h1")
+                    yield Static("", id="model-why", classes="wiz--muted", markup=False)
+                    yield DataTable(id="wiz-models", cursor_type="row", zebra_stripes=False)
+                    with VerticalScroll(id="model-detail-scroll"):
+                        yield Static("", id="model-detail", markup=False)
+                with VerticalScroll(id="step-download", classes="wiz-step"):
+                    yield Label("", id="dl-title", classes="wiz--h1", markup=False)
+                    yield Static("", id="dl-source", classes="wiz--muted", markup=False)
+                    yield TransferPanel(id="dl-panel")
+                with Vertical(id="step-ready", classes="wiz-step"):
+                    yield Label("", id="ready-title", classes="wiz--h1", markup=False)
+                    yield Static("", id="ready-model", classes="wiz--muted", markup=False)
+                    with Horizontal(id="ready-loading"):
+                        yield Label("Loading the model… ", id="ready-load-label")
+                        yield ProgressBar(total=100, show_eta=False, id="ready-bar")
+                    yield Label(f"A short test — “{TEST_PROMPT}”", id="ready-prompt", markup=False)
+                    yield VerticalScroll(id="ready-answer")
+                    yield Static("", id="ready-stats", classes="wiz--muted", markup=False)
+                    yield Static("", id="ready-error", classes="wiz--error", markup=False)
+                    yield Static("", id="ready-note", classes="wiz--muted", markup=False)
+            with Horizontal(id="wiz-nav"):
+                yield Button("Back", id="wiz-back")
+                yield Static("", id="wiz-nav-gap")
+                yield Button("Skip setup", id="wiz-skip")
+                yield Button("Detect again", id="wiz-redetect")
+                yield Button("Use the bundled model", id="wiz-bundled")
+                yield Button("Cancel", id="wiz-cancel", variant="warning")
+                yield Button("Retry", id="wiz-retry")
+                yield Button("Run the test again", id="wiz-retest")
+                yield Button("Next", id="wiz-next", variant="primary")
+
+    def on_mount(self) -> None:
+        table = self.query_one("#wiz-models", DataTable)
+        table.add_columns(" ", "Model", "Size", "Where", "Fit for this machine")
+        hz = max(1, int(getattr(self.app.config, "refresh_hz", 30)))
+        self._timer = self.set_interval(1.0 / hz, self._tick, pause=True)
+        try:
+            self.mgr = model_ops.make_manager()
+        except DgchatError as exc:  # a broken catalog: setup cannot offer downloads
+            self.query_one("#wiz-welcome-error", Static).update(f"The model catalog could not be read: {exc}")
+        self.query_one("#ready-note", Static).update(
+            f"“Start chatting” saves this as your default model in {short_path(self.app.config.path)}. "
+            "Models can be changed later: F4, or Ctrl+P → model: manage models…")
+        self.go("welcome")
+
+    # -- navigation -----------------------------------------------------------------------------
+    def go(self, step: str) -> None:
+        self.step = step
+        self.query_one(ContentSwitcher).current = f"step-{step}"
+        self._show_steps()
+        if step == "hardware" and self.hw is None and not self.detecting:
+            self._detect()
+        elif step == "model":
+            self._fill_models()
+        elif step == "ready":
+            self._enter_ready()
+        self._nav()
+        self.call_after_refresh(self._focus_step)
+
+    def _focus_step(self) -> None:
+        if self.step == "model":
+            self.query_one("#wiz-models", DataTable).focus()
+        elif self.step == "hardware":
+            self.query_one("#hw-cores", Input).focus()
+        else:
+            nxt = self.query_one("#wiz-next", Button)
+            if nxt.display and not nxt.disabled:
+                nxt.focus()
+
+    def _show_steps(self) -> None:
+        current = STEPS.index(self.step)
+        text = Text()
+        for i, step in enumerate(STEPS):
+            if i:
+                text.append("  ›  ", style="dim")
+            if i < current:
+                text.append(f"✓ {STEP_TITLES[step]}", style="dim")
+            elif i == current:
+                text.append(f"{i + 1} {STEP_TITLES[step]}", style="bold reverse")
+            else:
+                text.append(f"{i + 1} {STEP_TITLES[step]}", style="dim")
+        self.query_one("#wiz-steps", Static).update(text)
+
+    def _nav(self) -> None:
+        """Which buttons the current step offers, and what they say."""
+        show = {"wiz-back": False, "wiz-skip": False, "wiz-redetect": False, "wiz-bundled": False,
+                "wiz-cancel": False, "wiz-retry": False, "wiz-retest": False, "wiz-next": True}
+        label, enabled, back_label = "Next", True, "Back"
+        step = self.step
+        if step == "welcome":
+            show["wiz-skip"] = True
+            enabled = self.mgr is not None
+        elif step == "hardware":
+            show["wiz-back"] = show["wiz-redetect"] = True
+            enabled = self.hw is not None and not self.detecting
+        elif step == "model":
+            show["wiz-back"] = show["wiz-bundled"] = True
+            row = self.choice
+            label, enabled = self._choose_label(row)
+            self.query_one("#wiz-bundled", Button).disabled = self._bundled_row() is None
+        elif step == "download":
+            state = self.download_state
+            show["wiz-back"] = state != "running"
+            back_label = "Choose another model"
+            show["wiz-cancel"] = state == "running"
+            show["wiz-retry"] = state in ("paused", "failed") and self.problem is not None and bool(self.problem.retry)
+            if show["wiz-retry"] and self.problem is not None:
+                self.query_one("#wiz-retry", Button).label = self.problem.retry or "Retry"
+            show["wiz-next"] = state == "done"
+            label = "Next: test it"
+        elif step == "ready":
+            show["wiz-back"] = True
+            back_label = "Choose another model"
+            running = self.generation is not None and self.generation.running
+            show["wiz-retest"] = self.load_state == "loaded" and not running
+            label = "Start chatting"
+            enabled = self.load_state == "loaded" and not self._finish_when_done
+        for wid, visible in show.items():
+            self.query_one(f"#{wid}", Button).display = visible
+        nxt = self.query_one("#wiz-next", Button)
+        nxt.label = label
+        nxt.disabled = not enabled
+        self.query_one("#wiz-back", Button).label = back_label
+
+    def _choose_label(self, row: ModelRow | None) -> tuple[str, bool]:
+        if row is None:
+            return "Next", False
+        if row.status in ("installed", "bundled") and row.path is not None:
+            return "Use this model", True
+        if row.status == "in HF cache":
+            return "Use it (no download)", True
+        if row.status == "partial":
+            return "Resume download", row.entry is not None
+        if row.status == "available":
+            return "Download", row.entry is not None
+        return "Next", False  # missing
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        bid = event.button.id
+        if bid == "wiz-next":
+            self.action_next()
+        elif bid == "wiz-back":
+            self.action_back()
+        elif bid == "wiz-skip":
+            self.skip()
+        elif bid == "wiz-redetect":
+            self._redetect()
+        elif bid == "wiz-bundled":
+            row = self._bundled_row()
+            if row is not None:
+                self.choose(row)
+        elif bid == "wiz-cancel":
+            self.cancel_download()
+        elif bid == "wiz-retry":
+            self._retry()
+        elif bid == "wiz-retest":
+            self._start_test()
+
+    def action_next(self) -> None:
+        nxt = self.query_one("#wiz-next", Button)
+        if nxt.disabled or not nxt.display:
+            return
+        if self.step == "welcome":
+            self.go("hardware")
+        elif self.step == "hardware":
+            if self._apply_hardware():
+                self.go("model")
+        elif self.step == "model":
+            if self.choice is not None:
+                self.choose(self.choice)
+        elif self.step == "download":
+            if self.download_state == "done":
+                self.go("ready")
+        elif self.step == "ready":
+            self.finish()
+
+    def action_back(self) -> None:
+        if self.step == "welcome":
+            return
+        if self.step == "download":
+            if self.download_state == "running":
+                return
+            self.go("model")
+        elif self.step == "ready":
+            self._stop_test()
+            self.go("model")
+        else:
+            self.go(STEPS[STEPS.index(self.step) - 1])
+
+    # -- 2: the machine -------------------------------------------------------------------------
+    def _detect(self, *, as_detected: bool = False) -> None:
+        self.detecting = True
+        self.query_one("#hw-notes", Static).update("Looking at this machine…")
+        models_dir = self.mgr.models_dir
+
+        def call(_progress: Any, _cancel: threading.Event) -> Hardware:
+            return model_ops.machine_as_detected(models_dir) if as_detected else model_ops.machine(models_dir)
+
+        start_hub_task(self, "detect-hardware", call, progress=lambda p: None, done=self._detected,
+                       failed=self._detect_failed)
+        self._nav()
+
+    def _redetect(self) -> None:
+        from dgchat.hub import clear_hardware_overrides
+
+        try:
+            clear_hardware_overrides()
+        except OSError as exc:
+            self.query_one("#hw-error", Static).update(f"could not remove the saved corrections: {exc}")
+        self._detect(as_detected=True)
+
+    def _detected(self, hw: Hardware) -> None:
+        self.detecting = False
+        self.hw = hw
+        self._fill_hardware(hw)
+        self._nav()
+        if self.step == "hardware":
+            self.query_one("#hw-cores", Input).focus()
+
+    def _detect_failed(self, exc: BaseException) -> None:
+        self.detecting = False
+        self.query_one("#hw-error", Static).update(describe_problem(exc).message)
+        self._nav()
+
+    def _fill_hardware(self, hw: Hardware) -> None:
+        values = {
+            "cpu_cores": str(hw.cpu_cores) if hw.cpu_cores is not None else "",
+            "ram_total": _size_text(hw.ram_total),
+            "disk_free": _size_text(hw.disk_free),
+            "vram_total": _size_text(hw.vram_total),
+        }
+        for key, _label, wid in HW_FIELDS:
+            self.query_one(f"#{wid}", Input).value = values[key]
+        self._shown_hw = values
+        self.query_one("#hw-cores-note", Label).update("CPUs dgchat may use")
+        self.query_one("#hw-ram-note", Label).update(
+            f"{format_bytes(hw.ram_available)} free now" if hw.ram_available is not None else "")
+        self.query_one("#hw-disk-note", Label).update(f"in {short_path(hw.models_dir)}")
+        if hw.gpus:
+            names = ", ".join(g.name for g in hw.gpus)
+            free = f", {format_bytes(hw.vram_free)} free" if hw.vram_free is not None else ""
+            vram_note = f"{names}{free}" + (" (unified memory)" if hw.unified_memory else "")
+        else:
+            vram_note = "no GPU found" if hw.vram_total is None else ""
+        self.query_one("#hw-vram-note", Label).update(vram_note)
+        box = self.query_one("#hw-offload", Checkbox)
+        box.value = hw.gpu_offload
+        self.query_one("#hw-offload-note", Label).update(
+            "this llama.cpp build can offload layers to a GPU" if hw.gpu_offload
+            else "CPU only: this llama.cpp build does not offload to a GPU")
+        notes = list(hw.notes)
+        self.query_one("#hw-notes", Static).update("\n".join(notes))
+        self.query_one("#hw-error", Static).update("")
+
+    def _apply_hardware(self) -> bool:
+        """Take the user's corrections (saved for next time); False with a message on a bad value."""
+        from dgchat.hub import load_hardware_overrides, save_hardware_overrides
+
+        assert self.hw is not None
+        error = self.query_one("#hw-error", Static)
+        changes: dict[str, Any] = {}
+        for key, label, wid in HW_FIELDS:
+            text = self.query_one(f"#{wid}", Input).value.strip()
+            if text == self._shown_hw.get(key, ""):
+                continue
+            if not text:
+                error.update(f"{label}: enter a value (e.g. 16G), or press Detect again")
+                self.query_one(f"#{wid}", Input).focus()
+                return False
+            changes[key] = text
+        offload = self.query_one("#hw-offload", Checkbox).value
+        if offload != self.hw.gpu_offload:
+            changes["gpu_offload"] = offload
+        if not changes:
+            error.update("")
+            return True
+        try:
+            hw = self.hw.with_overrides(**changes)
+            saved = load_hardware_overrides()
+        except HubError as exc:
+            error.update(str(exc).replace("hardware override: ", ""))
+            return False
+        saved.update({k: getattr(hw, k) for k in changes})
+        try:
+            save_hardware_overrides(saved)
+        except (HubError, OSError) as exc:
+            error.update(f"the correction is used now but could not be saved: {exc}")
+        self.hw = hw
+        self._fill_hardware(hw)
+        return True
+
+    # -- 3: the model ---------------------------------------------------------------------------
+    def _fill_models(self) -> None:
+        table = self.query_one("#wiz-models", DataTable)
+        table.clear()
+        why = self.query_one("#model-why", Static)
+        try:
+            self.rows = self.mgr.listing(self.hw)
+            rec = self.mgr.recommend(self.hw) if self.hw is not None else None
+        except DgchatError as exc:
+            self.rows = []
+            why.update(f"The model list could not be read: {exc}")
+            self.choice = None
+            self._nav()
+            return
+        why.update(("★ is the recommendation for this machine: " + rec.reason) if rec is not None else "")
+        selected = 0
+        keep = self.choice.name if self.choice is not None else None
+        for i, row in enumerate(self.rows):
+            fit = row.fit
+            badge = Text(model_ops.fit_text(fit), style=FIT_STYLES.get(fit.fit, "") if fit else "dim")
+            title = row.title if len(row.title) <= 44 else row.title[:43] + "…"
+            table.add_row("★" if row.recommended else "", title, model_ops.fmt_size(row.size, row.size_exact),
+                          model_ops.where_text(row), badge, key=str(i))
+            if (keep is not None and row.name == keep) or (keep is None and row.recommended):
+                selected = i
+        if self.rows:
+            table.move_cursor(row=selected, animate=False)
+            self._select(selected)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        event.stop()
+        if event.data_table.id == "wiz-models" and event.cursor_row < len(self.rows):
+            self._select(event.cursor_row)
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        if event.data_table.id == "wiz-models" and event.cursor_row < len(self.rows):
+            self._select(event.cursor_row)
+            self.action_next()
+
+    def _select(self, index: int) -> None:
+        self.choice = self.rows[index]
+        self.query_one("#model-detail", Static).update(model_ops.row_details(self.choice, self.hw))
+        self._nav()
+
+    def _bundled_row(self) -> ModelRow | None:
+        for row in self.rows:
+            if row.entry is not None and row.entry.bundled and row.path is not None:
+                return row
+        if not self.rows and self.mgr is not None:
+            from dgchat.assets import bundled_model_path
+
+            path = bundled_model_path()
+            bundled = self.mgr.catalog.bundled
+            if path is not None:
+                return ModelRow(name=bundled.name, title=bundled.title, description=bundled.description,
+                                status="bundled", size=path.stat().st_size, size_exact=True, entry=bundled, path=path)
+        return None
+
+    def choose(self, row: ModelRow) -> None:
+        """Go on with this row: straight to the test when it is here, else through the download."""
+        self.choice = row
+        if row.status in ("installed", "bundled") and row.path is not None:
+            self.model_path = row.path
+            self.go("ready")
+            return
+        if row.entry is None and row.hf_cache is None:
+            return
+        self.model_path = None
+        self.download_state = "idle"
+        self.go("download")
+        self._start_pull()
+
+    # -- 4: the download ------------------------------------------------------------------------
+    def _start_pull(self) -> None:
+        row = self.choice
+        assert row is not None
+        mgr = self.mgr
+        self.problem = None
+        self.pull_result = None
+        self.download_state = "running"
+        self.query_one("#dl-title", Label).update(
+            f"Getting {row.title}" if row.status == "in HF cache" else f"Downloading {row.title}")
+        if row.entry is not None and row.status != "in HF cache":
+            source = (f"from huggingface.co/{row.entry.repo} · {row.entry.filename}\n"
+                      f"into {short_path(mgr.models_dir)}")
+            if row.needs_convert:
+                source += " (converted once to dgchat's layout)"
+        else:
+            cached = row.hf_cache.path if row.hf_cache is not None else None
+            source = f"from your Hugging Face cache: {short_path(cached) if cached else row.name}"
+        self.query_one("#dl-source", Static).update(source)
+        partial = row.partial
+        self.panel.start(model_ops.PHASES["resolving"], partial.done if partial else 0,
+                         partial.total if partial else None)
+
+        if row.entry is not None:
+            name = row.name
+
+            def call(progress: Any, cancel: threading.Event) -> Any:
+                return mgr.pull(name, progress=progress, cancel=cancel)
+        else:
+            path, convert = row.hf_cache.path, row.needs_convert  # type: ignore[union-attr]
+
+            def call(progress: Any, cancel: threading.Event) -> Any:
+                return mgr.import_model(path, convert=convert, progress=progress, cancel=cancel)
+
+        self.pull_task = start_hub_task(self, "pull", call, progress=self.show_progress, done=self._pulled,
+                                        failed=self._pull_failed)
+        self._nav()
+
+    @property
+    def panel(self) -> TransferPanel:
+        return self.query_one("#dl-panel", TransferPanel)
+
+    def show_progress(self, p: Any) -> None:
+        """One progress report (dgchat.hub.Progress) on screen: phase, bar, bytes/speed/ETA, message."""
+        if self.download_state == "running":
+            self.panel.show(p)
+
+    def cancel_download(self) -> None:
+        if self.pull_task is not None and self.pull_task.running:
+            self.pull_task.stop()
+            self.panel.stopping()
+
+    def _pulled(self, result: PullResult | InstalledModel) -> None:
+        self.download_state = "done"
+        self.pull_result = result
+        if isinstance(result, PullResult):
+            self.model_path = result.path
+            text = model_ops.pull_summary(result)
+        else:
+            self.model_path = result.path
+            text = f"Added: sha256 {result.sha256[:16]}… · {short_path(result.path)}"
+        self.panel.finished(text)
+        self._nav()
+        self.call_after_refresh(self._focus_step)
+
+    def _pull_failed(self, exc: BaseException) -> None:
+        problem = describe_problem(exc)
+        self.problem = problem
+        if isinstance(exc, DownloadCancelled):
+            self.download_state = "paused"
+            self.panel.paused(exc)
+        else:
+            self.download_state = "failed"
+            self.panel.failed(problem)
+        self._nav()
+        if isinstance(exc, TokenRequiredError):
+            self._ask_token(exc)
+        else:
+            self.call_after_refresh(lambda: self.query_one("#wiz-retry", Button).focus())
+
+    def _ask_token(self, exc: TokenRequiredError) -> None:
+        def done(stored: bool | None) -> None:
+            if stored:
+                self._start_pull()
+
+        self.app.push_screen(model_ops.TokenModal(exc.repo, str(exc), exc.had_token), done)
+
+    def _retry(self) -> None:
+        if self.problem is not None and self.problem.token and self.choice is not None:
+            repo = self.choice.entry.repo if self.choice.entry is not None else ""
+            self._ask_token(TokenRequiredError(self.problem.message, repo=repo or "", had_token=False))
+            return
+        self._start_pull()
+
+    # -- 5: ready -------------------------------------------------------------------------------
+    def _enter_ready(self) -> None:
+        path = self.model_path
+        assert path is not None
+        title = self.choice.title if self.choice is not None else path.name
+        self.query_one("#ready-title", Label).update(f"Ready: {title}")
+        self.query_one("#ready-model", Static).update(short_path(path))
+        self.query_one("#ready-error", Static).update("")
+        self.query_one("#ready-stats", Static).update("")
+        self._finish_when_done = False
+        if self.engine is not None and self.engine_path == path:
+            self.load_state = "loaded"
+            self.query_one("#ready-loading").display = False
+            self._start_test()
+            return
+        self._close_engine()
+        self._load(path)
+
+    def _load(self, path: Path) -> None:
+        self.load_state = "loading"
+        loading = self.query_one("#ready-loading")
+        loading.display = True
+        self.query_one("#ready-bar", ProgressBar).update(total=100, progress=0)
+        self.query_one("#ready-answer", VerticalScroll).remove_children()
+        config = self.app.config
+        closing = self._leaving
+        app = self.app
+        last = [0.0]
+
+        def progress(fraction: float) -> bool:
+            now = time.monotonic()
+            if not closing.is_set() and (fraction >= 1.0 or now - last[0] >= 0.1):
+                last[0] = now
+                try:
+                    app.call_from_thread(self._load_progress, path, fraction)
+                except RuntimeError:
+                    pass
+            return not closing.is_set()  # False stops the load when the wizard goes away
+
+        def work() -> None:
+            try:
+                engine = load_engine(path, n_gpu_layers=config.n_gpu_layers, n_threads=config.n_threads,
+                                     progress=progress)
+            except BaseException as exc:  # noqa: BLE001 - shown to the user
+                if not closing.is_set():
+                    try:
+                        app.call_from_thread(self._load_failed, path, exc)
+                    except RuntimeError:
+                        pass
+                return
+            if closing.is_set():
+                engine.close()
+                return
+            try:
+                app.call_from_thread(self._loaded, path, engine)
+            except RuntimeError:
+                engine.close()
+
+        self.run_worker(work, thread=True, group="wizard-load", exit_on_error=False, name="load")
+        self._nav()
+
+    def _load_progress(self, path: Path, fraction: float) -> None:
+        if path == self.model_path and self.load_state == "loading":
+            self.query_one("#ready-bar", ProgressBar).update(progress=round(100 * max(0.0, min(1.0, fraction))))
+
+    def _loaded(self, path: Path, engine: Any) -> None:
+        if self._leaving.is_set() or path != self.model_path or self.step != "ready" or self.engine is not None:
+            self._close(engine)  # the user went back and chose another model meanwhile (or a second load)
+            return
+        self.engine, self.engine_path = engine, path
+        self.load_state = "loaded"
+        self.query_one("#ready-loading").display = False
+        self.query_one("#ready-model", Static).update(f"{short_path(path)} · runs as {engine.label}")
+        self._start_test()
+
+    def _load_failed(self, path: Path, exc: BaseException) -> None:
+        if path != self.model_path:
+            return
+        self.load_state = "failed"
+        self.query_one("#ready-loading").display = False
+        message = str(exc) if isinstance(exc, DgchatError) else f"{type(exc).__name__}: {exc}"
+        self.query_one("#ready-error", Static).update(
+            f"The model failed to load: {message}\nChoose another model (the bundled one always works).")
+        self._nav()
+
+    def _start_test(self) -> None:
+        engine = self.engine
+        if engine is None or (self.generation is not None and self.generation.running):
+            return
+        error = self.query_one("#ready-error", Static)
+        try:
+            params = trial_params(engine, self.app.config.sampler_params())
+            prompt = engine.chat_prompt([{"role": "user", "content": TEST_PROMPT}])
+            engine.check_fits(int(prompt.size), params)
+        except DgchatError as exc:
+            error.update(f"The test could not start: {exc}")
+            self._nav()
+            return
+        error.update("")
+        self.query_one("#ready-stats", Static).update("")
+        answer = self.query_one("#ready-answer", VerticalScroll)
+        answer.remove_children()
+        self.generation = generation = LiveGeneration(engine=engine, prompt=prompt, params=params)
+        self._shown_event = None
+        self.canvas = LiveCanvas(engine, id="wiz-canvas")
+        answer.mount(self.canvas)
+        assert self._timer is not None
+        self._timer.resume()
+        closing = self._leaving
+        app = self.app
+
+        def work() -> None:
+            generation.run()
+            if closing.is_set():
+                if engine is not self._handed_over:
+                    self._close(engine)  # the wizard went away while the test ran: nobody else owns it
+                return
+            try:
+                app.call_from_thread(self._test_done, generation)
+            except RuntimeError:
+                pass
+
+        self.run_worker(work, thread=True, group="wizard-test", exit_on_error=False, name="test")
+        self._nav()
+
+    def _tick(self) -> None:
+        generation = self.generation
+        if generation is None or self.canvas is None:
+            return
+        event = generation.latest
+        if event is not None and event is not self._shown_event:
+            self._shown_event = event
+            self.canvas.show(event)
+
+    def _test_done(self, generation: LiveGeneration) -> None:
+        if self._leaving.is_set():
+            return
+        if generation.engine is not self.engine:
+            self._close(generation.engine)  # dropped while its test was stopping (another model chosen)
+        if generation is not self.generation:
+            return
+        if self._timer is not None:
+            self._timer.pause()
+        self.generation = None
+        answer = self.query_one("#ready-answer", VerticalScroll)
+        if generation.error is not None:
+            exc = generation.error
+            message = str(exc) if isinstance(exc, DgchatError) else f"{type(exc).__name__}: {exc}"
+            self.query_one("#ready-error", Static).update(f"The test failed: {message}")
+        elif generation.final is not None:
+            final = generation.final
+            answer.remove_children()
+            self.canvas = None
+            answer.mount(Static(final.text.strip() or "(an empty answer)", markup=False, id="ready-text"))
+            s = final.stats
+            stopped = " · stopped" if final.stop_reason == "cancelled" else ""
+            self.query_one("#ready-stats", Static).update(
+                f"{s.tokens} tokens · {s.steps} steps · {s.elapsed_s:.1f} s · {s.tokens_per_s:.1f} tokens/s{stopped}")
+        if self._finish_when_done:
+            self._finish_when_done = False
+            self.finish()
+            return
+        self._nav()
+        self.call_after_refresh(self._focus_step)
+
+    def _stop_test(self) -> None:
+        if self.generation is not None and self.generation.running:
+            self.generation.stop()
+            if self.canvas is not None:
+                self.canvas.mark_stopping()
+
+    def finish(self) -> None:
+        """Save the choice, hand the loaded model to the chat and close the wizard."""
+        if self.engine is None or self.model_path is None:
+            return
+        if self.generation is not None and self.generation.running:
+            self._finish_when_done = True  # after the test stops (at once: it is cancelled)
+            self._stop_test()
+            self._nav()
+            return
+        path = self.model_path
+        try:
+            model_ops.save_default_model(self.app.config.path, path)
+        except DgchatError as exc:
+            self.query_one("#ready-error", Static).update(str(exc))
+            return
+        config = self.app.config
+        config.default_model = str(path)
+        config.exists = True
+        engine, self.engine = self.engine, None
+        self.engine_path = None
+        self._handed_over = engine
+        self.app.use_engine(path, engine)
+        self.dismiss(None)
+
+    def skip(self) -> None:
+        """No setup: write the config (so this does not come back) and go to the chat as it is."""
+        from dgchat.app.no_model_screen import NoModelScreen
+
+        app = self.app
+        try:
+            model_ops.save_default_model(app.config.path, None)
+        except DgchatError as exc:
+            self.query_one("#wiz-welcome-error", Static).update(str(exc))
+            return
+        app.config.exists = True
+        self.dismiss(None)
+        if app.default_model_path is not None:
+            app.load_model(app.default_model_path)
+        else:
+            def after(result: str | None) -> None:
+                if result == "open":
+                    app.chat_screen.action_open_model()
+
+            app.push_screen(NoModelScreen(short_path(app.config.path)), after)
+
+    # -- teardown -------------------------------------------------------------------------------
+    def _close(self, engine: Any) -> None:
+        with self._close_lock:  # the UI thread and a test's worker may both get here
+            engine.close()
+
+    def _close_engine(self) -> None:
+        """Let go of the loaded engine; a test still running on it closes it when it stops."""
+        engine = self.engine
+        self.engine, self.engine_path, self.load_state = None, None, "idle"
+        if engine is None:
+            return
+        generation = self.generation
+        if generation is not None and generation.running and generation.engine is engine:
+            generation.stop()
+        else:
+            self._close(engine)
+
+    def on_unmount(self) -> None:
+        self._leaving.set()
+        if self.pull_task is not None:
+            self.pull_task.close()
+        if self._timer is not None:
+            self._timer.stop()
+        engine, self.engine = self.engine, None
+        generation = self.generation
+        if generation is not None and generation.running:
+            generation.stop()  # its worker closes the engine when it ends
+        elif engine is not None and engine is not self._handed_over:
+            self._close(engine)

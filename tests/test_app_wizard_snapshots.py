@@ -1,0 +1,157 @@
+"""Snapshots (pytest-textual-snapshot) of each first-run wizard step and of the Models screen.
+
+Deterministic: fixed terminal size, fixed hardware (tests/fixtures/wizard_harness.py), HOME and
+DGCHAT_HOME under tmp_path (paths print as ~/…), the fixture model as the bundled one, downloads
+held at a fixed byte offset by the local hub (stall) with the on-screen progress set to fixed
+numbers, and the test generation held at a fixed step with fixed elapsed times (no clocks).
+Update with `pytest tests/test_app_wizard_snapshots.py --snapshot-update` and review the SVGs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fixtures.app_harness import FAST_SAMPLER, GatedEngine, make_app, wait_for
+from fixtures.hub_fixtures import hf_home, hub, model_bytes  # noqa: F401
+from fixtures.wizard_harness import DREAM, SIZE, first_run_home, press, to_model_step, wizard
+
+from dgchat.app import wizard_screen
+from dgchat.hub import download as dl
+from dgchat.hub.download import Progress
+
+STALL = 1_500_000
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch, hub, hf_home):
+    monkeypatch.setattr(dl, "PROGRESS_INTERVAL", 0.0)
+    return first_run_home(tmp_path, monkeypatch, hub=hub)
+
+
+def _steps(*steps):
+    async def run_before(pilot):
+        await pilot.pause()
+        for step in steps:
+            await step(pilot)
+        await pilot.pause(0.1)
+    return run_before
+
+
+async def _to_hardware(pilot):
+    wiz = wizard(pilot.app)
+    await press(pilot, "#wiz-next")
+    await wait_for(pilot, lambda: wiz.hw is not None and not wiz.detecting)
+    await pilot.pause()
+
+
+async def _to_models(pilot):
+    await to_model_step(pilot)
+
+
+async def _start_download(pilot):
+    wiz = wizard(pilot.app)
+    await press(pilot, "#wiz-next")
+    await wait_for(pilot, lambda: wiz.pull_task is not None and wiz.pull_task.last is not None
+                   and wiz.pull_task.last.done >= STALL, what="the stall")
+    await pilot.pause(0.2)
+
+
+async def _fixed_progress(pilot):
+    wiz = wizard(pilot.app)
+    total = len(model_bytes())
+    wiz.show_progress(Progress(phase="downloading", name=DREAM[1], done=STALL, total=total, speed=2.5 * 2**20,
+                               eta=(total - STALL) / (2.5 * 2**20), resumed_from=0,
+                               message="the connection was reset; retrying in 2 s (attempt 2 of 5)"))
+    await pilot.pause()
+
+
+async def _pause_download(pilot):
+    wiz = wizard(pilot.app)
+    await press(pilot, "#wiz-cancel")
+    await wait_for(pilot, lambda: wiz.download_state == "paused")
+
+
+def test_welcome(snap_compare, env):
+    assert snap_compare(make_app(None), terminal_size=SIZE, run_before=_steps())
+
+
+def test_hardware(snap_compare, env):
+    assert snap_compare(make_app(None), terminal_size=SIZE, run_before=_steps(_to_hardware))
+
+
+def test_model_choice(snap_compare, env):
+    assert snap_compare(make_app(None), terminal_size=SIZE, run_before=_steps(_to_models))
+
+
+def test_downloading(snap_compare, env, hub):
+    hub.add_file(*DREAM, model_bytes()).stall_at = STALL
+    assert snap_compare(make_app(None), terminal_size=SIZE,
+                        run_before=_steps(_to_models, _start_download, _fixed_progress))
+
+
+def test_download_paused(snap_compare, env, hub):
+    hub.add_file(*DREAM, model_bytes()).stall_at = STALL
+    assert snap_compare(make_app(None), terminal_size=SIZE,
+                        run_before=_steps(_to_models, _start_download, _pause_download))
+
+
+def test_download_failed(snap_compare, env, hub):
+    hub.add_file(DREAM[0], "another-file.gguf", b"x" * 100)
+
+    async def failed(pilot):
+        wiz = wizard(pilot.app)
+        await press(pilot, "#wiz-next")
+        await wait_for(pilot, lambda: wiz.download_state == "failed")
+
+    assert snap_compare(make_app(None), terminal_size=SIZE, run_before=_steps(_to_models, failed))
+
+
+def test_token_prompt(snap_compare, env, hub):
+    hub.add_file(*DREAM, model_bytes())
+    hub.gate(DREAM[0], "hf_right_token")
+
+    async def asked(pilot):
+        from dgchat.app.model_ops import TokenModal
+
+        await press(pilot, "#wiz-next")
+        await wait_for(pilot, lambda: isinstance(pilot.app.screen, TokenModal))
+
+    assert snap_compare(make_app(None), terminal_size=SIZE, run_before=_steps(_to_models, asked))
+
+
+def test_ready_live_test_generation(snap_compare, env, monkeypatch):
+    held: list[GatedEngine] = []
+
+    def load(path, **kwargs):
+        from dgchat.model_backend.engine import DiffusionEngine
+
+        held.append(GatedEngine(DiffusionEngine.load(path, **kwargs), hold_at=3))
+        return held[-1]
+
+    monkeypatch.setattr(wizard_screen, "load_engine", load)
+
+    async def bundled_and_hold(pilot):
+        wiz = wizard(pilot.app)
+        await press(pilot, "#wiz-bundled")
+        await wait_for(pilot, lambda: held and held[0].holding.is_set(), what="the held step")
+        await wait_for(pilot, lambda: wiz.canvas is not None and wiz.canvas.event is not None
+                       and wiz.canvas.event.step == 3, what="the canvas at step 3")
+        wiz.canvas.replan()
+        await pilot.pause()
+
+    assert snap_compare(make_app(None), terminal_size=SIZE, run_before=_steps(_to_models, bundled_and_hold))
+
+
+def test_models_screen(snap_compare, env):
+    (env / "config" / "config.toml").write_text(FAST_SAMPLER, encoding="utf-8")
+
+    async def open_models(pilot):
+        from dgchat.app.models_screen import ModelsScreen
+
+        app = pilot.app
+        await wait_for(pilot, lambda: app.engine is not None and app.loading_path is None)
+        await pilot.press("f4")
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen) and bool(app.screen.rows))
+        await pilot.pause()
+
+    assert snap_compare(make_app(None), terminal_size=SIZE, run_before=_steps(open_models))

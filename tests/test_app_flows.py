@@ -20,6 +20,7 @@ from fixtures.app_harness import (
     wait_for,
     wait_idle,
     wait_model,
+    without_bundled_model,
 )
 
 from dgchat.app.store import Store
@@ -347,7 +348,8 @@ async def test_model_load_failure_shows_a_dialog_and_the_app_keeps_running(home,
         assert [m.content for m in app.store.messages(screen.chat.id)] == ["are you there?"]
 
 
-async def test_no_model_says_how_to_give_one(home):
+async def test_no_model_says_how_to_give_one(home, monkeypatch):
+    without_bundled_model(monkeypatch)
     app = make_app(None)
     async with app.run_test(size=SIZE) as pilot:
         from dgchat.app.no_model_screen import NoModelScreen
@@ -367,7 +369,8 @@ async def test_no_model_says_how_to_give_one(home):
         assert [m.content for m in app.store.messages(app.chat_screen.chat.id)] == ["saved anyway"]
 
 
-async def test_open_model_from_the_no_model_screen(home, llada_gguf):
+async def test_open_model_from_the_no_model_screen(home, monkeypatch, llada_gguf):
+    without_bundled_model(monkeypatch)
     app = make_app(None)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()

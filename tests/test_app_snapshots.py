@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures.app_harness import GatedEngine, make_app, setup_home, wait_for, wait_model
+from fixtures.app_harness import GatedEngine, make_app, setup_home, wait_for, wait_model, without_bundled_model
 
 from dgchat.app.store import Store
 
@@ -144,7 +144,8 @@ def test_model_load_error_dialog(snap_compare, home, tmp_path):
     assert snap_compare(make_app(bad), terminal_size=SIZE, run_before=failed)
 
 
-def test_no_model_screen(snap_compare, home):
+def test_no_model_screen(snap_compare, home, monkeypatch):
+    without_bundled_model(monkeypatch)
     async def shown(pilot):
         await pilot.pause()
 

@@ -134,9 +134,16 @@ def hparams_from_config(config: dict[str, Any]) -> Hparams:
         if lt == "full_attention":
             full_cfg = per_layer.get(str(idx)) or per_layer.get(idx) or {}
             break
-    # transformers' DiffusionGemmaTextConfig defaults: global_head_dim 512, kv heads = swa kv heads
-    head_dim_full = int(full_cfg.get("head_dim") or tc.get("global_head_dim") or 512)
-    kv_full = int(full_cfg.get("num_key_value_heads") or tc.get("num_global_key_value_heads") or kv_swa)
+    if "per_layer_config" in tc:
+        # written by save_pretrained: the full layers' overrides, and only those that differ from
+        # the base values (global_head_dim == head_dim serialises as an empty override)
+        head_dim_full = int(full_cfg.get("head_dim") or head_dim_swa)
+        kv_full = int(full_cfg.get("num_key_value_heads") or kv_swa)
+    else:
+        # a hand-written config: transformers' DiffusionGemmaTextConfig defaults apply,
+        # global_head_dim 512 and the sliding layers' kv heads
+        head_dim_full = int(tc.get("global_head_dim") or 512)
+        kv_full = int(tc.get("num_global_key_value_heads") or kv_swa)
     n_head_kv = [kv_swa if lt == "sliding_attention" else kv_full for lt in layer_types]
 
     rope = tc.get("rope_parameters") or {

@@ -303,3 +303,27 @@ def test_byte_level_bpe_tokenizer(tmp_path: Path) -> None:
     assert read_hf_tokenizer(tmp_path, n_vocab=320, spm_model="x", byte_level_pre="qwen2").pre == "qwen2"
     with pytest.raises(ConvertError, match="embeds only 100"):
         read_hf_tokenizer(tmp_path, n_vocab=100, spm_model="x")
+
+
+def test_full_layer_dims_from_save_pretrained_and_hand_written_configs() -> None:
+    """save_pretrained writes the full layers' overrides in per_layer_config, and only those that
+    differ from the base (global_head_dim == head_dim gives an empty dict); a hand-written config
+    without per_layer_config gets transformers' defaults (global_head_dim 512)."""
+    from transformers import DiffusionGemmaConfig
+
+    from dgchat.convert.families.diffusion_gemma import hparams_from_config
+
+    text = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "layer_types": ["sliding_attention", "full_attention"], "num_attention_heads": 2,
+            "num_key_value_heads": 1, "head_dim": 32, "num_experts": 2, "top_k_experts": 1,
+            "moe_intermediate_size": 32, "sliding_window": 64}
+    for extra, want in (({"global_head_dim": 32, "num_global_key_value_heads": 1}, (32, 1)),
+                        ({"global_head_dim": 64, "num_global_key_value_heads": 2}, (64, 2)),
+                        ({}, (512, 1))):
+        saved = DiffusionGemmaConfig(text_config=text | extra).to_dict()
+        assert "per_layer_config" in saved["text_config"]
+        hp = hparams_from_config(saved)
+        assert (hp.head_dim_full, hp.n_head_kv[1]) == want, extra
+        hand = {"text_config": text | extra}
+        hp = hparams_from_config(hand)
+        assert (hp.head_dim_full, hp.n_head_kv[1]) == want, extra

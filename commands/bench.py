@@ -46,21 +46,21 @@ class Config:
 
 
 def masked_configs(block: int, dual_ok: bool) -> list[Config]:
-    greedy = dict(temperature=0.0, algorithm="confidence")
+    greedy = dict(temperature=0.0, algorithm="confidence", cache="none")  # rows name their cache
     configs = [
-        Config("reference", dict(mode="reference", eps=1e-3, top_k=1, temperature=0.0), batchable=False),
+        Config("reference", dict(mode="reference", eps=1e-3, top_k=1, temperature=0.0, cache="none"), batchable=False),
         Config("dgchat", dict(block_length=block, **greedy)),
         Config("dgchat steps/2", dict(block_length=block, **greedy), steps_per_token=0.5),
         Config("dgchat steps/4", dict(block_length=block, **greedy), steps_per_token=0.25),
-        Config("prefix cache", dict(block_length=block, cache="prefix", **greedy)),
+        Config("prefix cache", dict(greedy, block_length=block, cache="prefix")),
     ]
     if dual_ok:
-        configs.append(Config("dual cache", dict(block_length=block, cache="dual", **greedy)))
+        configs.append(Config("dual cache", dict(greedy, block_length=block, cache="dual")))
     for tau in (0.7, 0.8, 0.9, 0.95):
         configs.append(Config(f"threshold {tau}", dict(block_length=block, threshold=tau, **greedy)))
-        configs.append(Config(f"prefix + threshold {tau}", dict(block_length=block, threshold=tau, cache="prefix", **greedy)))
+        configs.append(Config(f"prefix + threshold {tau}", dict(greedy, block_length=block, threshold=tau, cache="prefix")))
         if dual_ok:
-            configs.append(Config(f"dual + threshold {tau}", dict(block_length=block, threshold=tau, cache="dual", **greedy)))
+            configs.append(Config(f"dual + threshold {tau}", dict(greedy, block_length=block, threshold=tau, cache="dual")))
     return configs
 
 

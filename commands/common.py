@@ -41,7 +41,8 @@ def add_sampler_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--mode", choices=("dgchat", "reference"), default="dgchat",
                    help="reference: the same tokens as llama.cpp's examples/diffusion")
-    g.add_argument("--cache", choices=CACHE_MODES, default="none", help="KV cache reuse across steps")
+    g.add_argument("--cache", choices=CACHE_MODES, default="auto",
+                   help="KV cache reuse across steps (auto: prefix on GGUFs with KV memory, else none)")
     g.add_argument("--no-early-stop", action="store_true", help="keep denoising after the end token")
     g.add_argument("--entropy-bound", type=float, help="DiffusionGemma: entropy budget per step")
     g.add_argument("--t-min", type=float, help="DiffusionGemma: final temperature")

@@ -376,8 +376,9 @@ class DiffusionGemmaEngine(DiffusionEngine):
         if params.mode == "reference":
             raise InvalidParameterError("reference mode reproduces llama.cpp's masked-diffusion example; "
                                         "DiffusionGemma is uniform-state diffusion")
-        if params.cache != "none":
+        if params.cache not in ("none", "auto"):
             raise InvalidParameterError("DiffusionGemma always caches its encoder exactly; --cache does not apply")
+        params = params.updated(cache="none")  # no masked-diffusion cache: the encoder cache is exact
         if params.block_length is not None or params.threshold is not None or params.factor is not None:
             raise InvalidParameterError("--block-length/--threshold/--factor are masked-diffusion options; "
                                         "DiffusionGemma uses --entropy-bound")

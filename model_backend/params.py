@@ -9,7 +9,7 @@ from dgchat.model_backend.errors import InvalidParameterError
 
 ALGORITHMS = ("confidence", "entropy", "margin", "random", "origin")
 MODES = ("dgchat", "reference")
-CACHE_MODES = ("none", "prefix", "dual")
+CACHE_MODES = ("auto", "none", "prefix", "dual")  # auto: prefix where the model has KV memory
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class DiffusionParams:
     max_tokens: int | None = None  # answers longer than one canvas continue on new canvases up to this
     early_stop: bool = True
     mode: str = "dgchat"  # "reference": token-for-token what llama.cpp's examples/diffusion does
-    cache: str = "none"
+    cache: str = "auto"
     # uniform-state (DiffusionGemma) sampler
     entropy_bound: float | None = None
     t_min: float | None = None
@@ -102,7 +102,7 @@ class DiffusionParams:
             bad(f"--cache must be one of {', '.join(CACHE_MODES)} (got {self.cache!r})")
         if self.mode == "reference" and (self.threshold is not None or self.factor is not None):
             bad("reference mode reproduces llama.cpp's example, which has no --threshold/--factor")
-        if self.mode == "reference" and self.cache != "none":
+        if self.mode == "reference" and self.cache not in ("none", "auto"):
             bad("reference mode recomputes every step; it cannot be combined with --cache")
         if self.mode == "reference" and self.logit_bias:
             bad("reference mode reproduces llama.cpp's example, which has no logit bias")

@@ -82,7 +82,7 @@ seed = 7
         ('[sampler]\nalgorithm = "best"', "[sampler] algorithm must be one of confidence, entropy"),
         ("[sampler]\ntemperature = -1", "[sampler] temperature must be >= 0 (got -1.0)"),
         ("[sampler]\nthreshold = 2", "[sampler] threshold must be in (0, 1] (got 2.0)"),
-        ('[sampler]\ncache = "all"', "[sampler] cache must be one of none, prefix, dual (got 'all')"),
+        ('[sampler]\ncache = "all"', "[sampler] cache must be one of auto, none, prefix, dual (got 'all')"),
         ("[sampler]\ngen_length = 100\nblock_length = 32", "[sampler] canvas length 100 is not divisible by block length 32"),
         ("[sampler]\nwarp = 9", "[sampler] unknown setting 'warp'"),
         ("[keys]\n\"chat.stop\" = 1", "[keys] chat.stop must be a key such as \"ctrl+r\" (got 1)"),

@@ -126,3 +126,18 @@ def test_batched_equals_unbatched(request, fixture: str) -> None:
         assert sorted(finals) == [0, 1, 2] and all(v > 0 for v in steps.values())
         for i in range(3):
             np.testing.assert_array_equal(finals[i].tokens, single[i])
+
+
+def test_auto_cache_is_prefix_only_with_kv_memory(llama_engine, llada_gguf: Path) -> None:
+    assert llama_engine.resolve(DiffusionParams()).cache == "prefix"
+    assert llama_engine.resolve(DiffusionParams(cache="none")).cache == "none"
+    reference = llama_engine.resolve(DiffusionParams(mode="reference", eps=1e-3))
+    assert reference.cache == "none"  # reference mode always recomputes: its output never changes
+    with DiffusionEngine.load(llada_gguf) as llada:  # no KV memory in llama.cpp's llada graph
+        assert llada.resolve(DiffusionParams()).cache == "none"
+    # the default run is the prefix-cached one, token for token
+    prompt = llama_engine.encode("Halt! Who goes there?")
+    auto = _final(llama_engine.generate(prompt, DiffusionParams(steps=16, gen_length=32, block_length=8, seed=2)))
+    prefix = _final(llama_engine.generate(prompt, DiffusionParams(steps=16, gen_length=32, block_length=8, seed=2,
+                                                                  cache="prefix")))
+    assert np.array_equal(auto.tokens, prefix.tokens)

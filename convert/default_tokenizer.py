@@ -44,8 +44,6 @@ sequence the model sees at run time is the one it was trained on.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,16 +160,9 @@ def tokenizer_config(model_max_length: int) -> dict[str, Any]:
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; these files ship
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from dgchat.paths import atomic_write_text
+
+    atomic_write_text(path, text, mode=0o644)  # these files ship
 
 
 def save_tokenizer_files(tok, out_dir: Path, model_max_length: int) -> None:

@@ -154,6 +154,6 @@ else:
 def atomic_write_json(path: Path, data: object) -> None:
     import json
 
-    from dgchat.app.paths import atomic_write_text
+    from dgchat.paths import atomic_write_text
 
     atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False, sort_keys=False) + "\n")

@@ -137,3 +137,13 @@ async def test_the_app_opens_on_the_bundled_model_and_answers(tmp_path, monkeypa
         messages = app.store.messages(app.chat_screen.chat.id)
         assert [m.role for m in messages] == ["user", "assistant"]
         assert messages[1].status == "done" and messages[1].content.strip()
+
+
+def test_sampler_blas_runs_single_threaded_for_a_small_model(engine) -> None:
+    """The bundled model's numpy products are tiny: one BLAS thread (a second one stalls the step
+    whenever another process holds a core; see llamacpp.set_blas_threads)."""
+    from threadpoolctl import threadpool_info
+
+    assert engine._sampler_blas_threads() == 1
+    blas = [p for p in threadpool_info() if p["user_api"] == "blas"]
+    assert blas and all(p["num_threads"] == 1 for p in blas)

@@ -6,7 +6,8 @@ that run's own), on the same model, prompts and seeds. Answers have exactly the 
 
 Quality figures, per run:
 - agreement: the fraction of answer positions whose token equals reference mode's answer to the
-  same prompt (reference = llama.cpp's sampler, full recompute, one token per step, greedy);
+  same prompt (reference = llama.cpp's sampler, full recompute, one token per step, greedy; for
+  DiffusionGemma, which has no reference mode, the first configuration with the same seed);
 - model score: the mean pseudo-log-likelihood per answer token under the model itself
   (`DiffusionEngine.pseudo_log_likelihood`, 4 interleaved groups masked one group per pass; for
   DiffusionGemma the causal encoder's log-likelihood of the answer). Higher is better.
@@ -145,14 +146,17 @@ def run(args: argparse.Namespace) -> int:
                            n_gpu_layers=args.n_gpu_layers, uniform=info.uniform_state)
                 res = _run_child(job)
                 res.update(configuration=config.name, length=length, concurrency=conc)
-                if config.name == "reference" or (info.uniform_state and config is configs[0]):
+                if conc == 1 and (config.name == "reference" or (info.uniform_state and config is configs[0])):
                     for i, toks in enumerate(res["answers"]):
                         references[(length, i)] = toks
                 if conc == 1 and baseline is None:
                     baseline = res["tokens_per_s"]
+                # sequence i of a batch runs prompt i % prompts with seed i; a sampled (uniform-state)
+                # answer is comparable with the reference only under the same seed: sequence 0
                 agree = [
                     _agreement(toks, references[(length, i % len(prompt_sets))])
-                    for i, toks in enumerate(res["answers"]) if (length, i % len(prompt_sets)) in references
+                    for i, toks in enumerate(res["answers"])
+                    if (length, i % len(prompt_sets)) in references and (i == 0 or not info.uniform_state)
                 ]
                 res["agreement"] = round(sum(agree) / len(agree), 4) if agree else None
                 res["speedup_vs_reference"] = round(res["tokens_per_s"] / baseline, 3) if baseline else None

@@ -230,7 +230,8 @@ def dg_denoiser(
             answer.append(draft.copy())
             stop = "complete"
             break
-        ends = np.flatnonzero(is_eog[draft])
+        # early_stop off (benchmarks: answers of exactly max_tokens): end tokens do not end it
+        ends = np.flatnonzero(is_eog[draft]) if params.early_stop else np.empty(0, np.int64)
         if ends.size:
             answer.append(draft[: ends[0]].copy())
             stop = "eos"
@@ -298,7 +299,7 @@ def ar_decoder(prompt: np.ndarray, params: DiffusionParams, setup: DgSetup, *,
             t2 = time.perf_counter()
             stats.sampler_s += t2 - t1
             stats.steps += 1
-            if is_eog[tok]:
+            if is_eog[tok] and params.early_stop:
                 stop = "eos"
                 break
             out.append(tok)

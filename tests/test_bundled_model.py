@@ -147,3 +147,10 @@ def test_sampler_blas_runs_single_threaded_for_a_small_model(engine) -> None:
     assert engine._sampler_blas_threads() == 1
     blas = [p for p in threadpool_info() if p["user_api"] == "blas"]
     assert blas and all(p["num_threads"] == 1 for p in blas)
+
+
+def test_early_stop_off_gives_answers_of_exactly_max_tokens(engine) -> None:
+    """What `dgchat bench` relies on to compare like with like, in both decoding modes."""
+    for ar in (False, True):
+        final = _run(engine, DiffusionParams(seed=5, max_tokens=70, early_stop=False, autoregressive=ar))
+        assert final.tokens.size == 70 and final.stop_reason == "max_tokens"

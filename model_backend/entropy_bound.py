@@ -23,8 +23,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dgchat.model_backend.sampling import softmax
-
 
 @dataclass(frozen=True)
 class EntropyBoundConfig:
@@ -72,6 +70,17 @@ def categorical_entropy(processed: np.ndarray) -> np.ndarray:
     return -np.sum(np.where(p > 0, logp * p, 0.0), axis=-1, dtype=np.float32)
 
 
+def _softmax_and_entropy(processed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """softmax(processed) and categorical_entropy(processed) from one exp over the vocabulary (the
+    step's largest cost on a small model): p = exp(x - m) / s, log p = (x - m) - log s."""
+    shifted = processed - processed.max(axis=-1, keepdims=True)
+    e = np.exp(shifted, dtype=np.float32)
+    total = np.sum(e, axis=-1, keepdims=True, dtype=np.float32)
+    probs = e / total
+    logp = shifted - np.log(total)
+    return probs, -np.sum(np.where(probs > 0, logp * probs, np.float32(0.0)), axis=-1, dtype=np.float32)
+
+
 def accept_mask(token_entropy: np.ndarray, bound: float, eligible: np.ndarray | None = None) -> np.ndarray:
     """Lowest-entropy positions whose cumulative entropy minus the largest accepted stays <= bound.
     Positions not `eligible` (fixed text) never count and are never accepted here. Float32 with a
@@ -99,12 +108,11 @@ def entropy_bound_step(
 ) -> StepResult:
     """One denoising step. `fixed` marks positions whose tokens are given and never re-randomised."""
     processed = (logits / np.float32(temperature(cur_step, cfg))).astype(np.float32)
-    probs = softmax(processed)
+    probs, h = _softmax_and_entropy(processed)
     cdf = np.cumsum(probs, axis=-1)
     u = draws.uniform[:, None].astype(np.float32) * cdf[:, -1:]
     denoised = np.minimum(np.sum(cdf < u, axis=-1), probs.shape[-1] - 1).astype(np.int32)
     argmax = np.argmax(processed, axis=-1).astype(np.int32)
-    h = categorical_entropy(processed)
     free = None if fixed is None else ~fixed
     accepted = accept_mask(h, cfg.entropy_bound, free)
     canvas = np.where(accepted, denoised, draws.renoise).astype(np.int32)

@@ -1,6 +1,7 @@
 """How a denoising step's time splits between llama.cpp and the Python sampler.
 
-Canvas 256, prompt 64 tokens, on the test fixture models (built here), for each sampler mode.
+Canvas 256, prompt 64 tokens, on the test fixture models (built here) or the given GGUFs (the
+bundled model: `--model assets/dgchat-tiny-plays.gguf`), for each sampler mode.
 Prints one table; the numbers are ratios from one run on this machine (time is noisy, shares are not).
 
     python tests/bench/bench_step_split.py [--model PATH ...] [--steps N]
@@ -12,8 +13,6 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
-
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -28,6 +27,11 @@ CONFIGS = {
     "dgchat entropy (eps)": dict(eps=1e-3, temperature=0.0, algorithm="entropy"),
     "reference greedy (eps)": dict(eps=1e-3, temperature=0.0, top_k=1, mode="reference"),
     "reference sampled t=0.8 top-k 40": dict(eps=1e-3, temperature=0.8, top_k=40, top_p=0.95, mode="reference"),
+}
+# uniform-state models (DiffusionGemma, the bundled model): the entropy-bound sampler
+UNIFORM_CONFIGS = {
+    "entropy-bound (model defaults)": dict(),
+    "entropy-bound 2.0": dict(entropy_bound=2.0),
 }
 
 
@@ -52,7 +56,7 @@ def main() -> None:
         with DiffusionEngine.load(path) as engine:
             words = engine.encode("Halt, traveller! None may pass the gate after dark. " * 20)
             prompt = words[: args.prompt_tokens]
-            for name, cfg in CONFIGS.items():
+            for name, cfg in (UNIFORM_CONFIGS if engine.info.uniform_state else CONFIGS).items():
                 params = DiffusionParams(steps=args.steps, gen_length=args.canvas, max_tokens=args.canvas,
                                          early_stop=False, **cfg)
                 # warm-up run, then the measured one

@@ -23,6 +23,7 @@ from dgchat.app.engine_job import stop_tools, tools_busy
 from dgchat.app.error_modal import ErrorModal
 from dgchat.app.help_modal import HelpModal, HelpRows
 from dgchat.app.no_model_screen import NoModelScreen
+from dgchat.app.paths import short_path  # noqa: F401 - used here and imported from here
 from dgchat.app.store import Store
 from dgchat.app.tool_commands import TOOL_PROVIDERS
 from dgchat.model_backend.errors import DgchatError
@@ -30,13 +31,6 @@ from dgchat.model_backend.errors import DgchatError
 DARK, LIGHT = "textual-dark", "textual-light"
 
 
-def short_path(path: Path | str) -> str:
-    """A path as users think of it: under the home folder as ~/…"""
-    path = Path(path)
-    try:
-        return "~/" + str(path.relative_to(Path.home()))
-    except ValueError:
-        return str(path)
 
 
 def display_name(path: Path | str | None) -> str:

@@ -28,6 +28,7 @@ from textual.screen import ModalScreen
 from textual.widget import Widget
 from textual.widgets import Button, Input, Label, ProgressBar, Static
 
+from dgchat.app.paths import short_path
 from dgchat.hub import (
     DiskFullError,
     DownloadCancelled,
@@ -76,12 +77,6 @@ def machine_as_detected(models_dir: Path) -> Hardware:
 # -- words -----------------------------------------------------------------------------------------
 
 
-def short_path(path: Path | str) -> str:
-    path = Path(path)
-    try:
-        return "~/" + str(path.relative_to(Path.home()))
-    except ValueError:
-        return str(path)
 
 
 def fmt_duration(seconds: float | None) -> str:

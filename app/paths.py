@@ -22,3 +22,12 @@ def db_path() -> Path:
 def clipboard_fallback_path() -> Path:
     """Where a copied message goes when the terminal cannot take it over OSC 52."""
     return data_dir() / "clipboard.txt"
+
+
+def short_path(path: Path | str) -> str:
+    """A path as users think of it: under the home folder as ~/…"""
+    path = Path(path)
+    try:
+        return "~/" + str(path.relative_to(Path.home()))
+    except ValueError:
+        return str(path)

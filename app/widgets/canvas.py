@@ -126,6 +126,7 @@ class LiveCanvas(Widget):
         self._built_for: tuple[int, int] | None = None  # (id of the event, width)
         self._height = 0
         self._piece_cache: dict[int, tuple[str, int]] = {}
+        self._hidden: frozenset[int] = frozenset()  # decided tokens not shown (a subclass's choice)
         self._canvas_styles: tuple[tuple[str, bool], dict[int, Style]] | None = None
 
     def show(self, event: StepEvent) -> bool:
@@ -214,13 +215,17 @@ class LiveCanvas(Widget):
         assert event is not None
         spans: list[tuple[str, int, int]] = []
         piece = self._piece
+        hidden = self._hidden
         for tok in event.answer_tokens.tolist():
-            text, width = piece(tok)
-            spans.append((text, width, Cell.DONE))
+            if tok not in hidden:
+                text, width = piece(tok)
+                spans.append((text, width, Cell.DONE))
         uniform = event.uniform_state
         for tok, state in zip(event.canvas.tokens.tolist(), event.canvas.state.tolist()):
             if state == Cell.MASKED and not uniform:
                 spans.append((PLACEHOLDER, 1, Cell.MASKED))
+            elif state != Cell.MASKED and tok in hidden:
+                continue
             else:
                 text, width = piece(tok)
                 spans.append((text, width, -1 if state == Cell.MASKED else state))

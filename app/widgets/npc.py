@@ -19,8 +19,7 @@ from textual.strip import Strip
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
-from dgchat.app.widgets.canvas import _PROGRESS, _VISIBLE_CONTROLS, PLACEHOLDER, LiveCanvas, _wrap
-from dgchat.model_backend.canvas import Cell
+from dgchat.app.widgets.canvas import _PROGRESS, _VISIBLE_CONTROLS, LiveCanvas, _wrap
 from dgchat.npc.cards import CharacterCard
 from dgchat.npc.generator import LineBatch, LineVariant
 from dgchat.npc.templates import parse_template
@@ -105,28 +104,7 @@ class VariantCanvas(LiveCanvas):
     def __init__(self, engine: Any, head: str, **kwargs: Any) -> None:
         super().__init__(engine, **kwargs)
         self.head = head
-        self._ends = {int(t) for t in engine.model.eog_ids()}
-
-    def _spans(self) -> list[tuple[str, int, int]]:
-        event = self.event
-        assert event is not None
-        spans: list[tuple[str, int, int]] = []
-        piece = self._piece
-        uniform = event.uniform_state
-        ends = self._ends
-        for tok in event.answer_tokens.tolist():
-            if tok not in ends:
-                text, width = piece(tok)
-                spans.append((text, width, Cell.DONE))
-        for tok, state in zip(event.canvas.tokens.tolist(), event.canvas.state.tolist()):
-            if state == Cell.MASKED and not uniform:
-                spans.append((PLACEHOLDER, 1, Cell.MASKED))
-            elif state != Cell.MASKED and tok in ends:
-                continue  # the end of the line: nothing to show
-            else:
-                text, width = piece(tok)
-                spans.append((text, width, -1 if state == Cell.MASKED else state))
-        return spans
+        self._hidden = frozenset(int(t) for t in engine.model.eog_ids())  # the end of the line
 
     def _rebuild(self) -> bool:
         width = self.content_size.width

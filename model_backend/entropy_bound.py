@@ -59,21 +59,10 @@ def temperature(cur_step: int, cfg: EntropyBoundConfig) -> float:
     return cfg.t_min + (cfg.t_max - cfg.t_min) * (cur_step / cfg.steps)
 
 
-def categorical_entropy(processed: np.ndarray) -> np.ndarray:
-    """Entropy of softmax(processed) per row, computed like torch.distributions.Categorical:
-    normalised log-probabilities times probabilities, in float32."""
-    m = processed.max(axis=-1, keepdims=True)
-    shifted = processed - m
-    lse = np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True, dtype=np.float32))
-    logp = (shifted - lse).astype(np.float32)
-    p = np.exp(logp)
-    return -np.sum(np.where(p > 0, logp * p, 0.0), axis=-1, dtype=np.float32)
-
-
 def _softmax_and_entropy(processed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """softmax(processed) and categorical_entropy(processed) in a few passes over the vocabulary
-    (the step's largest cost on a small model): with e = exp(x - m) and s = sum(e),
-    p = e / s and H = log s - sum(e * (x - m)) / s."""
+    """softmax(processed) and the entropy of each row (torch.distributions.Categorical's, in
+    float32) in a few passes over the vocabulary (the step's largest cost on a small model): with
+    e = exp(x - m) and s = sum(e), p = e / s and H = log s - sum(e * (x - m)) / s."""
     shifted = processed - processed.max(axis=-1, keepdims=True)
     e = np.exp(shifted, dtype=np.float32)
     total = np.sum(e, axis=-1, keepdims=True, dtype=np.float32)

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -118,6 +116,7 @@ def samples_markdown(samples: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     from dgchat.convert.api import convert
     from dgchat.convert.train_default import Windows
+    from dgchat.paths import atomic_write_bytes, atomic_write_text
 
     ap = argparse.ArgumentParser(prog="python -m dgchat.convert.bundle_default", description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, required=True, help="the exported HF-style folder")
@@ -141,15 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         base = report["types"]["f32"]["nll"]
         chosen = next(t for t in reversed(TYPES) if report["types"][t]["nll"] <= base * (1 + args.tolerance))
         report["chosen"] = chosen
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        part = args.out.with_name(args.out.name + ".part")
-        shutil.copyfile(files[chosen], part)
-        os.replace(part, args.out)
+        atomic_write_bytes(args.out, files[chosen].read_bytes(), mode=0o644)  # it ships
     report["samples_diffusion"] = npc_samples(args.out, autoregressive=False)
     report["samples_ar"] = npc_samples(args.out, autoregressive=True)
-    part = args.report.with_name(args.report.name + ".part")
-    part.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
-    os.replace(part, args.report)
+    atomic_write_text(args.report, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     print(f"shipped {chosen}: {args.out} ({args.out.stat().st_size / 1e6:.1f} MB)")
     print("\n## diffusion\n" + samples_markdown(report["samples_diffusion"]))
     print("\n## --ar\n" + samples_markdown(report["samples_ar"]))

@@ -5,6 +5,7 @@
     CMAKE_ARGS="-DGGML_CUDA=on" python engine/build.py     # GPU builds: CMAKE_ARGS passes through
     python engine/build.py --check         # download + apply the patches only (no compiler needed)
     python engine/build.py --sdist FILE    # use an already downloaded sdist (offline)
+    python engine/build.py --slim-source OUT.tar.xz   # a few-MB patched source archive, see below
 
 Steps: `pip download` the sdist (no binaries), check its sha256, unpack it into the cache, apply
 engine/patches/*.patch with `patch -p1` inside vendor/llama.cpp, set the local version
@@ -12,11 +13,20 @@ engine/patches/*.patch with `patch -p1` inside vendor/llama.cpp, set the local v
 under a key made of the sdist hash, the patches, CMAKE_ARGS and the platform, and `pip install` it
 into the running interpreter's environment. A second run with the same inputs reuses the cached
 wheel. Standard library only: this runs before dgchat is installed.
+
+--slim-source OUT writes, instead of a wheel, a small deterministic archive (.tar.xz, or .tar.gz by
+its name) of the PATCHED sources for builds where the 77 MB sdist cannot travel (the offline GPU
+check, tests/bench/gpu_check.sh): llama.cpp with only what CMake needs to configure and build
+libllama, ggml (CPU and CUDA backends) and llama-diffusion-cli - no models, docs, tests, tools,
+other backends, git history - plus llama-cpp-python's pure-Python `llama_cpp` package (load the
+built library with LLAMA_CPP_LIB_PATH) and DGCHAT_SLIM.json (patch level, sdist and patch hashes,
+CMake source folder). Cached like the wheels, under a key of the sdist, the patches and the rules.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import hashlib
 import os
 import platform
@@ -27,14 +37,14 @@ import sys
 import sysconfig
 import tarfile
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 PACKAGE = "llama-cpp-python"
 VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{VERSION}.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 # The patch set version: llama_dgchat_patch_level() returns it (0001-dgchat-patch-level.patch).
-PATCH_LEVEL = 2
+PATCH_LEVEL = 3
 LOCAL_VERSION = f"{VERSION}+dgchat.{PATCH_LEVEL}"
 HERE = Path(__file__).resolve().parent
 PATCH_DIR = HERE / "patches"
@@ -243,6 +253,197 @@ def install(wheel: Path) -> None:
     log(f"llama-cpp-python {LOCAL_VERSION} installed (patch level {PATCH_LEVEL})")
 
 
+# -- slim patched source archive (--slim-source) ----------------------------------------------------
+# For machines the 77 MB sdist cannot reach (tests/bench/gpu_check.sh carries this to an offline GPU
+# machine). Paths are posix, relative to the sdist root. The CMake project is vendor/llama.cpp,
+# configured with SLIM_CMAKE_ARGS (plus e.g. -DGGML_CUDA=ON): each folder dropped here is one that
+# CMake only enters when an option those arguments leave OFF is ON.
+SLIM_FORMAT = 1
+SLIM_ROOT = f"llama_cpp_python-{VERSION}-dgchat{PATCH_LEVEL}-slim"
+SLIM_MANIFEST = "DGCHAT_SLIM.json"
+SLIM_CMAKE_DIR = "vendor/llama.cpp"
+SLIM_MTIME = 1735689600  # 2025-01-01T00:00Z for every entry; not 0: ninja reads an mtime of 0 as "missing"
+SLIM_SUFFIXES = (".tar.xz", ".tar.gz", ".tgz")
+SLIM_CMAKE_ARGS = (
+    "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_BUILD_COMMON=ON", "-DLLAMA_BUILD_EXAMPLES=ON",
+    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_MTMD=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF",
+)
+SLIM_TARGETS = ("llama", "llama-diffusion-cli")
+_L = SLIM_CMAKE_DIR
+SLIM_KEEP = (
+    # llama-cpp-python: the ctypes package, and its own (tiny) build files for reference
+    "llama_cpp", "CMakeLists.txt", "pyproject.toml", "LICENSE.md", "README.md",
+    # llama.cpp: what configuring and building libllama, ggml and the examples reads
+    f"{_L}/CMakeLists.txt", f"{_L}/LICENSE", f"{_L}/licenses", f"{_L}/cmake", f"{_L}/include",
+    f"{_L}/src", f"{_L}/ggml", f"{_L}/common", f"{_L}/vendor",
+    f"{_L}/pocs",  # entered with the examples
+    f"{_L}/examples/CMakeLists.txt",  # and each folder it add_subdirectory()s: slim_files()
+)
+SLIM_DROP = (  # fnmatch patterns, matched against every kept file's and folder's path
+    # ggml backends other than CPU and CUDA (entered only when GGML_<NAME>=ON)
+    *(f"{_L}/ggml/src/ggml-{b}" for b in ("blas", "cann", "et", "hexagon", "hip", "metal", "musa", "opencl",
+                                           "openvino", "rpc", "sycl", "virtgpu", "vulkan", "webgpu", "zdnn",
+                                           "zendnn")),
+    f"{_L}/vendor/miniaudio/miniaudio.h",  # 4 MB, included by tools/mtmd only
+    f"{_L}/examples/sycl",  # GGML_SYCL only
+    "*/__pycache__", "*.pyc", "*/.DS_Store",
+)
+# What is left out, for the manifest (the rest of the sdist: everything not in SLIM_KEEP).
+SLIM_DROPPED_NOTE = (
+    "llama.cpp: models/ (vocab GGUFs), docs/, media/, tests/, tools/ (server, cli, mtmd, web UI), app/, "
+    "benches/, scripts/, ci/, gguf-py/ (the gguf wheel is used), grammars/, requirements/, conversion/, "
+    "convert_*.py, examples not built by examples/CMakeLists.txt, ggml backends other than CPU and CUDA, "
+    "vendor/miniaudio.h; llama-cpp-python: .git/, docs/, examples/, tests/, docker/, scripts/"
+)
+
+
+def _slim_examples(root: Path) -> list[str]:
+    """The example folders examples/CMakeLists.txt enters (configure fails without them)."""
+    text = (root / SLIM_CMAKE_DIR / "examples" / "CMakeLists.txt").read_text()
+    return sorted(set(re.findall(r"add_subdirectory\(\s*([\w.-]+)\s*\)", text)))
+
+
+def _slim_dropped(rel: str) -> bool:
+    return any(fnmatch.fnmatchcase(rel, pat) for pat in SLIM_DROP)
+
+
+def slim_files(root: Path) -> list[str]:
+    """Sorted posix paths (relative to the sdist root) of the files the slim archive holds."""
+    keep = list(SLIM_KEEP) + [f"{SLIM_CMAKE_DIR}/examples/{d}" for d in _slim_examples(root)]
+    found: set[str] = set()
+    for item in keep:
+        if _slim_dropped(item):
+            continue
+        path = root / item
+        if path.is_file():
+            found.add(item)
+        elif path.is_dir():
+            for dirpath, dirnames, filenames in os.walk(path):
+                rel_dir = Path(dirpath).relative_to(root).as_posix()
+                dirnames[:] = sorted(d for d in dirnames if not _slim_dropped(f"{rel_dir}/{d}"))
+                found.update(r for f in filenames if not _slim_dropped(r := f"{rel_dir}/{f}"))
+        else:
+            raise BuildError(f"slim source: {item} is missing from {SDIST_NAME}")
+    return sorted(found, key=lambda r: PurePosixPath(r).parts)
+
+
+def slim_key(patches: list[Path], suffix: str) -> str:
+    h = hashlib.sha256()
+    for part in (SDIST_SHA256, patch_set_hash(patches), LOCAL_VERSION, str(SLIM_FORMAT), suffix,
+                 repr(SLIM_KEEP), repr(SLIM_DROP), repr(SLIM_CMAKE_ARGS), str(SLIM_MTIME)):
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()[:20]
+
+
+def slim_suffix(out: Path) -> str:
+    for suffix in SLIM_SUFFIXES:
+        if out.name.endswith(suffix):
+            return suffix
+    raise BuildError(f"--slim-source {out}: name the archive *.tar.xz (smallest) or *.tar.gz")
+
+
+def slim_manifest(patches: list[Path], n_files: int, n_bytes: int) -> dict:
+    return {
+        "format": SLIM_FORMAT,
+        "package": PACKAGE,
+        "version": VERSION,
+        "local_version": LOCAL_VERSION,
+        "patch_level": PATCH_LEVEL,
+        "sdist": SDIST_NAME,
+        "sdist_sha256": SDIST_SHA256,
+        "patches": [{"name": p.name, "sha256": sha256_file(p)} for p in patches],
+        "patch_set_sha256": patch_set_hash(patches),
+        "cmake_source_dir": SLIM_CMAKE_DIR,
+        "cmake_args": list(SLIM_CMAKE_ARGS),
+        "cmake_targets": list(SLIM_TARGETS),
+        "python_package": "llama_cpp",
+        "files": n_files,
+        "bytes": n_bytes,
+        "dropped": SLIM_DROPPED_NOTE,
+    }
+
+
+def write_slim_archive(root: Path, out: Path, patches: list[Path], suffix: str) -> dict:
+    """Write the patched, unpacked sdist at `root` as a slim archive; returns its manifest.
+
+    Deterministic: entries sorted, folders listed, mtime SLIM_MTIME, owner 0/0 without names,
+    modes 0755/0644, no gzip timestamp (xz has none), so equal inputs give byte-equal archives."""
+    import gzip
+    import io
+    import json
+    import lzma
+
+    files = slim_files(root)
+    sizes = {rel: (root / rel).stat().st_size for rel in files}
+    manifest = slim_manifest(patches, len(files) + 1, sum(sizes.values()))
+    blob = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+    dirs = {PurePosixPath(rel).parent.as_posix() for rel in files}
+    dirs = {d for rel in dirs for d in [PurePosixPath(rel), *PurePosixPath(rel).parents] if str(d) != "."}
+    entries = sorted([(str(d), None) for d in dirs] + [(rel, "file") for rel in files] + [(SLIM_MANIFEST, "manifest")],
+                     key=lambda e: PurePosixPath(e[0]).parts)
+
+    def info(name: str, kind: int, size: int = 0, mode: int = 0o644) -> tarfile.TarInfo:
+        ti = tarfile.TarInfo(f"{SLIM_ROOT}/{name}" if name else SLIM_ROOT)
+        ti.type, ti.size, ti.mode, ti.mtime = kind, size, mode, SLIM_MTIME
+        ti.uid = ti.gid = 0
+        ti.uname = ti.gname = ""
+        return ti
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "wb") as raw:
+        if suffix == ".tar.xz":
+            comp = lzma.LZMAFile(raw, "wb", preset=9)
+        else:
+            comp = gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=0)
+        with comp, tarfile.open(fileobj=comp, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            tar.addfile(info("", tarfile.DIRTYPE, mode=0o755))
+            for name, kind in entries:
+                if kind is None:
+                    tar.addfile(info(name, tarfile.DIRTYPE, mode=0o755))
+                elif kind == "manifest":
+                    tar.addfile(info(name, tarfile.REGTYPE, len(blob)), io.BytesIO(blob))
+                else:
+                    path = root / name
+                    mode = 0o755 if path.stat().st_mode & 0o111 else 0o644
+                    with open(path, "rb") as fh:
+                        tar.addfile(info(name, tarfile.REGTYPE, sizes[name], mode), fh)
+    return manifest
+
+
+def slim_source(cache: Path, sdist_arg: Path | None, patches: list[Path], dest: str, rebuild: bool) -> Path:
+    """Write (or reuse from the cache) the slim archive and copy it to `dest`: a file name, or a
+    folder (existing, or written with a trailing slash) that gets the default name."""
+    out = Path(dest).expanduser()
+    if dest.endswith(("/", os.sep)) or out.is_dir():
+        out = out / f"{SLIM_ROOT}.tar.xz"
+    suffix = slim_suffix(out)
+    cached = cache / "slim" / slim_key(patches, suffix) / f"{SLIM_ROOT}{suffix}"
+    if cached.is_file() and not rebuild:
+        log(f"using cached slim source {cached}")
+    else:
+        sdist = fetch_sdist(cache, sdist_arg)
+        work = Path(tempfile.mkdtemp(prefix="slim-", dir=cache))
+        try:
+            root = unpack(sdist, work / "src")
+            apply_patches(root, patches)
+            set_local_version(root)
+            tmp = work / cached.name
+            manifest = write_slim_archive(root, tmp, patches, suffix)
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(tmp), cached)
+            log(f"slim source: {manifest['files']} files, {manifest['bytes'] / 1e6:.1f} MB unpacked")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    if out.resolve() != cached.resolve():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.copyfile(cached, tmp)
+        os.replace(tmp, out)
+    log(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, patch level {PATCH_LEVEL}, sha256 {sha256_file(out)[:16]})")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache-dir", type=Path, default=None, help="default: the user cache folder /dgchat/engine")
@@ -250,12 +451,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--patches", type=Path, default=PATCH_DIR, help=argparse.SUPPRESS)
     ap.add_argument("--check", action="store_true", help="only verify that the patches apply")
     ap.add_argument("--no-install", action="store_true", help="build (or reuse) the wheel and print its path")
-    ap.add_argument("--rebuild", action="store_true", help="ignore a cached wheel")
+    ap.add_argument("--rebuild", action="store_true", help="ignore a cached wheel (or slim archive)")
+    ap.add_argument("--slim-source", default=None, metavar="OUT",
+                    help="write a small archive of the patched sources (OUT: *.tar.xz, *.tar.gz or a folder) "
+                         "for offline builds, and nothing else")
     args = ap.parse_args(argv)
     try:
         cache = (args.cache_dir or default_cache_dir()).expanduser()
         cache.mkdir(parents=True, exist_ok=True)
         patches = patch_files(args.patches)
+        if args.slim_source is not None:
+            print(slim_source(cache, args.sdist, patches, args.slim_source, args.rebuild))
+            return 0
         cmake_args = os.environ.get("CMAKE_ARGS", "")
         key = build_key(patches, cmake_args)
         wheel_dir = cache / "wheels" / key

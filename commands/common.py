@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from dgchat.model_backend.errors import ModelFileError
-from dgchat.model_backend.params import ALGORITHMS, CACHE_MODES, DiffusionParams
+from dgchat.model_backend.params import ALGORITHMS, CACHE_MODES, SAMPLER_PLACES, SOFT_EMBEDDINGS, DiffusionParams
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +43,13 @@ def add_sampler_args(parser: argparse.ArgumentParser) -> None:
                    help="reference: the same tokens as llama.cpp's examples/diffusion")
     g.add_argument("--cache", choices=CACHE_MODES, default="auto",
                    help="KV cache reuse across steps (auto: prefix on GGUFs with KV memory, else none)")
+    g.add_argument("--sampler-on", choices=SAMPLER_PLACES, default="auto",
+                   help="where a step's vocabulary-wide work (softmax, entropy, draws, DiffusionGemma's "
+                        "self-conditioning) runs: backend = inside llama.cpp on its CPU/GPU, host = numpy "
+                        "(auto: the backend with dgchat's engine)")
+    g.add_argument("--soft-embedding", choices=SOFT_EMBEDDINGS, default="auto",
+                   help="DiffusionGemma: self-conditioning over the whole vocabulary (exact) or each position's "
+                        "256 likeliest tokens (auto: exact on a GPU or up to 65,536 tokens)")
     g.add_argument("--no-early-stop", action="store_true", help="keep denoising after the end token")
     g.add_argument("--entropy-bound", type=float, help="DiffusionGemma: entropy budget per step")
     g.add_argument("--t-min", type=float, help="DiffusionGemma: final temperature")
@@ -74,6 +81,8 @@ def params_from_args(args: argparse.Namespace) -> DiffusionParams:
         t_min=args.t_min,
         t_max=args.t_max,
         autoregressive=args.ar,
+        sampler_on=args.sampler_on,
+        soft_embedding=args.soft_embedding,
     )
     params.validate()
     return params

@@ -65,7 +65,13 @@ def _gelu_tanh(x: np.ndarray) -> np.ndarray:
 
 
 def _rms(x: np.ndarray, eps: float) -> np.ndarray:
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    """x / sqrt(mean(x^2) + eps), rounded as ggml's CPU rms_norm rounds it (float squares summed in
+    order in double, the reciprocal scale in float), so that the decoder input the engine's
+    diffusion head builds in the graph and this one are the same bits."""
+    x = np.asarray(x, dtype=np.float32)
+    total = np.cumsum((x * x).astype(np.float64), axis=-1)[..., -1:]
+    mean = (total / x.shape[-1]).astype(np.float32)
+    return x * (np.float32(1.0) / np.sqrt(mean + np.float32(eps)))
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:

@@ -50,6 +50,10 @@ class DiffusionEngine:
         self._pieces: dict[int, str] = {}
         self._lock = threading.Lock()  # one generation at a time per engine
         self._eog = model.eog_ids()
+        # the engine's diffusion head: the samplers' vocabulary-wide work in llama.cpp's graph
+        self.backend_sampler = llamacpp.engine_info().backend_sampler
+        # tests: a callable that sees every backend-sampled decode with its logits (the sources' `check`)
+        self.step_check = None
 
     # -- loading ------------------------------------------------------------------------------
     @classmethod
@@ -155,10 +159,19 @@ class DiffusionEngine:
             use_prefix = self.info.has_kv_memory and params.mode != "reference"
             params = params.updated(cache="prefix" if use_prefix else "none")
         params.validate()
+        if params.sampler_on == "backend" and not self.backend_sampler:
+            raise InvalidParameterError("--sampler-on backend needs dgchat's engine (patch level 3: README's "
+                                        "install command); this llama-cpp-python samples on the host only")
         bad = [t for t, _ in params.logit_bias if t >= self.model.n_vocab]
         if bad:
             raise InvalidParameterError(f"logit_bias token id {bad[0]} is outside the vocabulary ({self.model.n_vocab} tokens)")
         return params
+
+    def on_backend(self, params: DiffusionParams) -> bool:
+        """Whether a step's vocabulary-wide sampler work runs in llama.cpp's graph (the default with
+        dgchat's engine) rather than in numpy. Reference mode samples on the host, as llama.cpp's
+        example does."""
+        return self.backend_sampler and params.sampler_on != "host" and params.mode != "reference"
 
     # -- contexts -----------------------------------------------------------------------------
     def _context_for(self, n_tokens: int, *, n_seq: int = 1, batch_tokens: int | None = None) -> llamacpp.LlamaContext:
@@ -245,9 +258,12 @@ class DiffusionEngine:
         if len(caches) > 1:
             raise InvalidParameterError("all sequences of a batch must use the same cache mode")
         prompts = [self._check_prompt(t, p, tpl) for t, p, tpl in zip(prompts, resolved, templates)]
+        places = {self.on_backend(p) for p in resolved}
+        if len(places) > 1:
+            raise InvalidParameterError("all sequences of a batch must use the same --sampler-on")
         setup = MaskedSetup(self.info.mask_token, self._eog, self.info.shift_logits)
         with self._lock:
-            source = LlamaLogits(self, cache=caches.pop(), n_seq=len(prompts))
+            source = LlamaLogits(self, cache=caches.pop(), n_seq=len(prompts), on_backend=places.pop())
             denoisers = [
                 masked_denoiser(t, p, setup, n_vocab=self.model.n_vocab, cancel=cancel, template=tpl)
                 for t, p, tpl in zip(prompts, resolved, templates)
@@ -255,7 +271,7 @@ class DiffusionEngine:
 
             def events():
                 for i, event in drive_batch(denoisers, source):
-                    yield i, (self._finish(event) if isinstance(event, FinalEvent) else event)
+                    yield i, (self._finish(event, source.on_backend) if isinstance(event, FinalEvent) else event)
 
             yield from self._with_cancel(events(), cancel)
 
@@ -317,18 +333,20 @@ class DiffusionEngine:
             if self._ctx is not None:
                 self._ctx.cancel_event.clear()
 
-    def _finish(self, final: FinalEvent) -> FinalEvent:
+    def _finish(self, final: FinalEvent, on_backend: bool | None = None) -> FinalEvent:
         text = self.detokenize(final.tokens)
         final.stats.decode_calls = self._ctx.n_decodes if self._ctx is not None else 0
+        if on_backend is not None:
+            final.stats.sampler_on = "backend" if on_backend else "host"
         return FinalEvent(text=text, tokens=final.tokens, stop_reason=final.stop_reason, stats=final.stats,
                           engine_label=self.label, extra=final.extra)
 
     def _generate_masked(self, prompt: np.ndarray, params: DiffusionParams, cancel, template=None) -> Iterator:
         setup = MaskedSetup(self.info.mask_token, self._eog, self.info.shift_logits)
-        source = LlamaLogits(self, cache=params.cache)
+        source = LlamaLogits(self, cache=params.cache, on_backend=self.on_backend(params))
         denoiser = masked_denoiser(prompt, params, setup, n_vocab=self.model.n_vocab, cancel=cancel, template=template)
         for event in drive(denoiser, source):
-            yield self._finish(event) if isinstance(event, FinalEvent) else event
+            yield self._finish(event, source.on_backend) if isinstance(event, FinalEvent) else event
 
     def _generate_reference(self, prompt: np.ndarray, params: DiffusionParams, cancel) -> Iterator:
         """llama.cpp's examples/diffusion, token for token: one canvas, no early stop."""
@@ -351,15 +369,18 @@ class DiffusionEngine:
             add_gumbel_noise=params.gumbel,
         )
         stats = GenerationStats(prompt_tokens=int(prompt.size))
+        # the context is made before the clock starts, as llama-diffusion-cli makes its own before
+        # diffusion_generate: creating one (buffers, graph reservation) is not a denoising step
+        ctx = self._context_for(max_length)
         t_start = time.perf_counter()
         model_s = [0.0]
         positions = np.arange(max_length, dtype=np.int32)
 
-        def logits_fn(tokens: np.ndarray) -> np.ndarray:
+        def logits_fn(tokens: np.ndarray, rows: np.ndarray) -> np.ndarray:
             t0 = time.perf_counter()
-            ctx = self._context_for(max_length)
-            ctx.clear()
-            out = ctx.decode_tokens(tokens, positions)
+            ctx.clear()  # GGUFs with KV memory: drop the last pass's cells (a no-op without memory)
+            # only the rows the sampler reads: the LM head of the others is most of a step's work
+            out = ctx.decode_tokens(tokens, positions, outputs=rows)
             model_s[0] += time.perf_counter() - t0
             return out
 
@@ -368,7 +389,12 @@ class DiffusionEngine:
         last_model = 0.0
 
         try:
-            for step in reference_denoise(prompt, ref, logits_fn, time.perf_counter):
+            # llama.cpp's sampler chain samples the masked positions on the decode's threads (the
+            # cores are idle between decodes); the draws are the same on any number of threads
+            import os  # (local: this method is reference mode's own corner of the engine)
+
+            threads = self.n_threads or os.cpu_count() or 1
+            for step in reference_denoise(prompt, ref, logits_fn, time.perf_counter, sampler_threads=threads):
                 canvas.commit(step.committed - prompt.size, step.tokens[step.committed], step.confidence, step.step + 1)
                 stats.steps += 1
                 stats.sampler_s += step.sampler_seconds
@@ -398,4 +424,6 @@ class DiffusionEngine:
         stats.tokens = int(tokens.size)
         stats.canvases = 1
         stats.elapsed_s = time.perf_counter() - t_start
-        yield self._finish(FinalEvent("", tokens.copy(), stop, stats, extra={"sequence": canvas.tokens.copy()}))
+        # on the host: llama.cpp's own sampler chain, called row by row as the example does
+        yield self._finish(FinalEvent("", tokens.copy(), stop, stats, extra={"sequence": canvas.tokens.copy()}),
+                           on_backend=False)

@@ -13,8 +13,10 @@ Written from transformers 5.23 `generation_diffusion_gemma.py` (`EntropyBoundSam
   mean entropy of the processed distribution is below `confidence_threshold`;
 - the processed logits are the next step's self-conditioning input.
 
-The random draws come in as arguments (`StepDraws`), so a test can feed both implementations the
-same numbers.
+The step splits in two: the vocabulary-wide statistics of each position (`sampling.row_stats`,
+or the engine's diffusion head on the backend) and the O(canvas) decisions
+(`entropy_bound_update`). The random draws come in as arguments (`StepDraws`), so a test can feed
+the implementations the same numbers.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from dgchat.model_backend.sampling import RowStats, row_stats
 
 
 @dataclass(frozen=True)
@@ -50,46 +54,13 @@ class StepResult:
     denoised: np.ndarray  # the tokens drawn from the denoiser at every position
     argmax: np.ndarray  # the draft: argmax of the processed logits
     accepted: np.ndarray  # bool (L,)
-    processed: np.ndarray  # logits / temperature: the next step's self-conditioning input
     mean_entropy: float
+    processed: np.ndarray | None = None  # logits / temperature (host steps): the next self-conditioning input
 
 
 def temperature(cur_step: int, cfg: EntropyBoundConfig) -> float:
     """cur_step runs from cfg.steps down to 1."""
     return cfg.t_min + (cfg.t_max - cfg.t_min) * (cur_step / cfg.steps)
-
-
-def _softmax_and_entropy(processed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """softmax(processed) and the entropy of each row (torch.distributions.Categorical's, in
-    float32) in a few passes over the vocabulary (the step's largest cost on a small model): with
-    e = exp(x - m) and s = sum(e), p = e / s and H = log s - sum(e * (x - m)) / s."""
-    shifted = processed - processed.max(axis=-1, keepdims=True)
-    e = np.exp(shifted, dtype=np.float32)
-    total = np.sum(e, axis=-1, keepdims=True, dtype=np.float32)
-    probs = e / total
-    if not np.isfinite(shifted).all():  # -inf logits (a ban): 0 * -inf must count as 0
-        logp = shifted - np.log(total)
-        return probs, -np.sum(np.where(probs > 0, logp * probs, np.float32(0.0)), axis=-1, dtype=np.float32)
-    weighted = np.einsum("ij,ij->i", e, shifted, dtype=np.float32)
-    return probs, (np.log(total[:, 0]) - weighted / total[:, 0]).astype(np.float32)
-
-
-def _inverse_cdf(probs: np.ndarray, uniform: np.ndarray, chunk: int = 128) -> np.ndarray:
-    """For each row, the first index whose cumulative probability reaches uniform * row total: a
-    categorical draw. Sums chunks of the row first and scans only the chunk the draw falls in, which
-    is ~8x cheaper than a full cumsum over a large vocabulary (same draw up to float rounding)."""
-    n, v = probs.shape
-    pad = (-v) % chunk
-    padded = np.pad(probs, ((0, 0), (0, pad))) if pad else probs
-    blocks = padded.reshape(n, -1, chunk)
-    block_cdf = np.cumsum(blocks.sum(axis=-1, dtype=np.float32), axis=-1, dtype=np.float32)
-    target = uniform.astype(np.float32) * block_cdf[:, -1]
-    k = np.minimum(np.sum(block_cdf < target[:, None], axis=-1), block_cdf.shape[1] - 1)
-    rows = np.arange(n)
-    before = np.where(k > 0, block_cdf[rows, k - 1], np.float32(0.0))
-    local = before[:, None] + np.cumsum(blocks[rows, k], axis=-1, dtype=np.float32)
-    index = k * chunk + np.sum(local < target[:, None], axis=-1)
-    return np.minimum(index, v - 1).astype(np.int32)
 
 
 def accept_mask(token_entropy: np.ndarray, bound: float, eligible: np.ndarray | None = None) -> np.ndarray:
@@ -109,6 +80,29 @@ def accept_mask(token_entropy: np.ndarray, bound: float, eligible: np.ndarray | 
     return mask
 
 
+def entropy_bound_update(
+    current: np.ndarray,
+    stats: RowStats,
+    cfg: EntropyBoundConfig,
+    renoise: np.ndarray,
+    fixed: np.ndarray | None = None,
+) -> StepResult:
+    """The step's decisions from its per-position statistics (O(canvas), no vocabulary-wide work):
+    accept the most certain positions, re-randomise the rest. `fixed` marks positions whose tokens
+    are given and never re-randomised."""
+    denoised = stats.drawn.astype(np.int32)
+    argmax = stats.argmax.astype(np.int32, copy=True)
+    h = stats.entropy
+    free = None if fixed is None else ~fixed
+    accepted = accept_mask(h, cfg.entropy_bound, free)
+    canvas = np.where(accepted, denoised, renoise).astype(np.int32)
+    if fixed is not None:
+        canvas[fixed] = current[fixed]
+        argmax[fixed] = current[fixed]
+    mean_h = float(np.mean(h if free is None else h[free])) if (free is None or free.any()) else 0.0
+    return StepResult(canvas=canvas, denoised=denoised, argmax=argmax, accepted=accepted, mean_entropy=mean_h)
+
+
 def entropy_bound_step(
     current: np.ndarray,
     logits: np.ndarray,
@@ -117,20 +111,13 @@ def entropy_bound_step(
     draws: StepDraws,
     fixed: np.ndarray | None = None,
 ) -> StepResult:
-    """One denoising step. `fixed` marks positions whose tokens are given and never re-randomised."""
+    """One denoising step on the host, logits in: the temperature schedule, the per-position
+    statistics of softmax(processed) (`row_stats`), then `entropy_bound_update`."""
     processed = (logits / np.float32(temperature(cur_step, cfg))).astype(np.float32)
-    probs, h = _softmax_and_entropy(processed)
-    denoised = _inverse_cdf(probs, draws.uniform)
-    argmax = np.argmax(processed, axis=-1).astype(np.int32)
-    free = None if fixed is None else ~fixed
-    accepted = accept_mask(h, cfg.entropy_bound, free)
-    canvas = np.where(accepted, denoised, draws.renoise).astype(np.int32)
-    if fixed is not None:
-        canvas[fixed] = current[fixed]
-        argmax[fixed] = current[fixed]
-    mean_h = float(np.mean(h if free is None else h[free])) if (free is None or free.any()) else 0.0
-    return StepResult(canvas=canvas, denoised=denoised, argmax=argmax, accepted=accepted, processed=processed,
-                      mean_entropy=mean_h)
+    stats = row_stats(processed, inv_temp=1.0, uniform=draws.uniform)
+    result = entropy_bound_update(current, stats, cfg, draws.renoise, fixed)
+    result.processed = processed
+    return result
 
 
 class StabilityTracker:

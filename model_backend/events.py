@@ -44,6 +44,8 @@ class GenerationStats:
     sampler_s: float = 0.0
     prompt_tokens: int = 0
     decode_calls: int = 0
+    sampler_on: str = ""  # "backend" (llama.cpp's graph) or "host" (numpy): where the vocabulary-wide work ran
+    soft_embedding: str = ""  # DiffusionGemma diffusion: "exact" or "top-256"
 
     @property
     def tokens_per_s(self) -> float:

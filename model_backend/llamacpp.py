@@ -32,12 +32,17 @@ from dgchat.model_backend.errors import (
     ModelFileError,
 )
 from dgchat.model_backend.gguf_file import GgufHeader, read_gguf_header
+from dgchat.model_backend.sampling import RowStats
 
-# ggml's CPU backend parallelises with OpenMP. With OpenMP's default spin-waiting, a thread that
-# loses its core to another process (the UI thread, a browser, a build) stalls every barrier: on a
-# loaded 2-core machine a 2-thread decode measured 200 ms instead of 70 ms. Passive waiting costs
-# little when the machine is idle. Must be set before libgomp loads; the user's value wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# ggml's CPU backend parallelises with OpenMP and meets a barrier after every graph node. libgomp's
+# default waits there by spinning for a long time: a thread that loses its core to another process
+# (the UI thread, a build) stalls every barrier (a 2-thread decode: 820 ms instead of 140 on a loaded
+# 2-core machine). Passive waiting (sleeping at once) costs a wake-up per node instead: 56 ms against
+# 52 on an idle machine. A short bounded spin is the best of both, measured idle, with one core busy
+# and with both busy (52 / 91 / 110-125 ms). Must be set before libgomp loads; the user's values win
+# (GOMP_SPINCOUNT only counts while OMP_WAIT_POLICY is unset).
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "2000")
 
 try:
     import llama_cpp as _llama
@@ -175,6 +180,18 @@ class EngineInfo:
         """Non-causal batches may sit between cached cells (engine/patches/0005), as the dual cache needs."""
         return self.patch_level >= 2
 
+    @property
+    def encode_outputs(self) -> bool:
+        """Models without KV memory (llada, dream) compute and return logits only for the positions a
+        batch asks for (engine/patches/0008); a stock engine returns every position."""
+        return self.patch_level >= 3
+
+    @property
+    def backend_sampler(self) -> bool:
+        """The diffusion head runs the samplers' vocabulary-wide work inside llama.cpp's graph
+        (engine/patches/0006, `DiffusionHead`)."""
+        return self.patch_level >= 3 and _HEAD is not None
+
 
 def engine_info() -> EngineInfo:
     lib = _llama.llama_cpp._lib
@@ -189,6 +206,114 @@ def engine_info() -> EngineInfo:
         gpu_offload=bool(_llama.llama_supports_gpu_offload()),
         patch_level=level,
     )
+
+
+# -- dgchat's diffusion head (engine/patches/0006) ------------------------------------------------
+# The vocabulary-wide part of a denoising step, computed in llama.cpp's graph on the device that
+# computed the logits: per output row the drawn token, the argmax, the entropy and three
+# probabilities come back instead of the row's logits (see llama_dgchat_head_* in the patched llama.h).
+
+HEAD_RESULTS = 6
+_GGML_TYPES = {"f32": 0, "f16": 1, "bf16": 30}  # enum ggml_type
+
+
+class _HeadParams(ctypes.Structure):
+    _fields_ = [
+        ("self_cond", ctypes.c_bool),
+        ("n_slots", ctypes.c_int32),
+        ("soft_top_k", ctypes.c_int32),
+        ("embd_t_type", ctypes.c_int),
+        ("embed_scale", ctypes.c_float),
+        ("eps", ctypes.c_float),
+        ("n_inter", ctypes.c_int32),
+        ("w_type", ctypes.c_int),
+        ("pre_norm", ctypes.c_void_p),
+        ("gate", ctypes.c_void_p),
+        ("up", ctypes.c_void_p),
+        ("down", ctypes.c_void_p),
+    ]
+
+
+class _HeadBatch(ctypes.Structure):
+    _fields_ = [
+        ("top_k", ctypes.c_int32),
+        ("top_p", ctypes.c_float),
+        ("margin", ctypes.c_bool),
+        ("n_rows", ctypes.c_int32),
+        ("inv_temp", ctypes.c_void_p),
+        ("uniform", ctypes.c_void_p),
+        ("bias_row", ctypes.c_void_p),
+        ("sc_write", ctypes.c_void_p),
+        ("n_tokens", ctypes.c_int32),
+        ("sc_read", ctypes.c_void_p),
+        ("keep_logits", ctypes.c_bool),
+    ]
+
+
+def _bind_head():
+    lib = _llama.llama_cpp._lib
+    if getattr(lib, "llama_dgchat_head_prepare", None) is None:
+        return None
+    sigs = {
+        "llama_dgchat_head_init": (ctypes.c_int32, [ctypes.c_void_p, ctypes.POINTER(_HeadParams)]),
+        "llama_dgchat_head_free": (None, [ctypes.c_void_p]),
+        "llama_dgchat_head_set_bias": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32]),
+        "llama_dgchat_head_prepare": (ctypes.c_int32, [ctypes.c_void_p, ctypes.POINTER(_HeadBatch)]),
+        "llama_dgchat_head_results": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32)]),
+        "llama_dgchat_head_read_slots": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]),
+    }
+    fns = {}
+    for name, (restype, argtypes) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+        fns[name.removeprefix("llama_dgchat_head_")] = fn
+    return fns
+
+
+_HEAD = _bind_head()
+
+
+def _ptr(a: np.ndarray | None) -> int | None:
+    return None if a is None else a.ctypes.data
+
+
+@dataclass(frozen=True, eq=False)
+class SelfConditioningWeights:
+    """DiffusionGemma's self-conditioning MLP as the head runs it (float32, PyTorch Linear layout)."""
+
+    pre_norm: np.ndarray  # [d]
+    gate: np.ndarray  # [inter, d]
+    up: np.ndarray  # [inter, d]
+    down: np.ndarray  # [d, inter]
+    embed_scale: float
+    eps: float
+    source: object = None  # what the weights were taken from (callers tell a stale setup by it)
+
+
+@dataclass(frozen=True, eq=False)
+class HeadSetup:
+    """How a context's head is configured. `soft_top_k` 0: the soft embedding over the whole
+    vocabulary (a transposed copy of token_embd on the device, f16 when `embd_t_f16`)."""
+
+    self_conditioning: SelfConditioningWeights | None = None
+    n_slots: int = 0
+    soft_top_k: int = 0
+    embd_t_f16: bool = False
+
+
+@dataclass(frozen=True)
+class HeadRequest:
+    """The head's inputs for one decode, one entry per requested output row (in output order)."""
+
+    inv_temp: np.ndarray  # float32: 1 / temperature (1 for greedy rows)
+    uniform: np.ndarray  # float32 in [0, 1): the draw of each row
+    top_k: int = 0
+    top_p: float = 1.0
+    margin: bool = False
+    bias_row: np.ndarray | None = None  # int32: row of the bias table per output row
+    sc_write: np.ndarray | None = None  # int32: self-conditioning slot each row writes (1: discard)
+    sc_read: np.ndarray | None = None  # int32 per batch token: the slot its decoder input reads (0: none)
+    keep_logits: bool = False  # also return the logits: (RowStats, logits) (tests compare with the host)
 
 
 class LlamaModel:
@@ -230,6 +355,8 @@ class LlamaModel:
         self.n_ctx_train = int(_llama.llama_model_n_ctx_train(self._ptr))
         self.n_swa = int(_llama.llama_model_n_swa(self._ptr))
         self.n_gpu_layers = n_gpu_layers
+        # llama.cpp offloads the output layer (the LM head) once every repeating layer is offloaded
+        self.output_on_gpu = bool(_llama.llama_supports_gpu_offload()) and n_gpu_layers > self.n_layer
         self.is_diffusion_arch = bool(_llama.llama_model_is_diffusion(self._ptr))
 
     # -- lifetime -----------------------------------------------------------------------------
@@ -469,10 +596,14 @@ class LlamaContext:
         self.max_tokens = max_tokens
         self.n_seq_max = n_seq_max
         self._mem = _llama.llama_get_memory(self._ptr)
+        # whether llama.cpp returns only the requested rows of logits (always with KV memory)
+        self._rows_on_request = bool(self._mem) or engine_info().encode_outputs
         self._token_batch = _Batch(max_tokens, 0, n_seq_max)
         self._embd_batch: _Batch | None = None
         self._causal = True
         self.n_decodes = 0
+        self._head_setup: HeadSetup | None = None
+        self._head_bias_key: bytes | None = None
 
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
@@ -513,6 +644,47 @@ class LlamaContext:
         if self._mem:
             _llama.llama_memory_clear(self._mem, True)
 
+    # -- the diffusion head ---------------------------------------------------------------------
+    def configure_head(self, setup: HeadSetup) -> None:
+        """(Re)configure the head; a no-op when `setup` is the object already configured."""
+        if _HEAD is None:
+            raise EngineError("this llama-cpp-python has no dgchat head (install with README's command)")
+        if setup is self._head_setup:
+            return
+        p = _HeadParams()
+        sc = setup.self_conditioning
+        keep: list[np.ndarray] = []
+        if sc is not None:
+            arrays = [np.ascontiguousarray(a, dtype=np.float32) for a in (sc.pre_norm, sc.gate, sc.up, sc.down)]
+            keep.extend(arrays)
+            p.self_cond = True
+            p.n_slots = int(setup.n_slots)
+            p.soft_top_k = int(setup.soft_top_k)
+            p.embd_t_type = _GGML_TYPES["f16" if setup.embd_t_f16 else "f32"]
+            p.embed_scale = float(sc.embed_scale)
+            p.eps = float(sc.eps)
+            p.n_inter = int(arrays[1].shape[0])
+            p.w_type = _GGML_TYPES["f32"]
+            p.pre_norm, p.gate, p.up, p.down = (a.ctypes.data for a in arrays)
+        self._head_setup = None
+        self._head_bias_key = None
+        if _HEAD["init"](self._ptr, ctypes.byref(p)) != 0:
+            raise EngineError(f"could not set up the diffusion head: {_last_error_line() or 'llama.cpp refused it'}")
+        self._head_setup = setup
+
+    def set_head_bias(self, table: np.ndarray | None) -> None:
+        """The additive logit bias rows the head's requests index (`bias_row`); None: no bias."""
+        table = None if table is None or table.size == 0 else np.ascontiguousarray(table, dtype=np.float32)
+        key = b"" if table is None else table.tobytes()
+        if key == self._head_bias_key:
+            return
+        n = 0 if table is None else table.shape[0]
+        if table is not None and table.shape[1] != self.model.n_vocab:
+            raise EngineError(f"bias rows have {table.shape[1]} entries, the vocabulary {self.model.n_vocab}")
+        if _HEAD["set_bias"](self._ptr, _ptr(table), n) != 0:
+            raise EngineError(f"could not set the logit bias: {_last_error_line()}")
+        self._head_bias_key = key
+
     # -- decoding -----------------------------------------------------------------------------
     def decode_tokens(
         self,
@@ -521,12 +693,15 @@ class LlamaContext:
         *,
         seq_ids: np.ndarray | Sequence[int] | int = 0,
         outputs: OutputSpec = None,
-    ) -> np.ndarray:
+        head: HeadRequest | None = None,
+    ) -> np.ndarray | RowStats:
+        """Logits of the requested outputs, or with `head` the head's statistics of them (the
+        context must have a configured head)."""
         tok = np.asarray(tokens, dtype=np.int32)
         batch = self._token_batch
         n = self._check_size(tok.shape[0])
         batch.tokens[:n] = tok
-        return self._run(batch, n, positions, seq_ids, outputs)
+        return self._run(batch, n, positions, seq_ids, outputs, head)
 
     def decode_embeddings(
         self,
@@ -552,7 +727,8 @@ class LlamaContext:
             raise ContextOverflowError(f"a batch of {n} tokens exceeds this context's limit of {self.max_tokens}")
         return n
 
-    def _run(self, batch: _Batch, n: int, positions, seq_ids, outputs: OutputSpec) -> np.ndarray:
+    def _run(self, batch: _Batch, n: int, positions, seq_ids, outputs: OutputSpec,
+             head: HeadRequest | None = None) -> np.ndarray | RowStats:
         batch.pos[:n] = np.asarray(positions, dtype=np.int32)
         batch.seq_ids[:n, 0] = seq_ids
         batch.logits[:n] = 0
@@ -569,6 +745,8 @@ class LlamaContext:
                 out_idx = np.unique(out_idx.astype(np.int64))
         batch.logits[out_idx] = 1
         batch.struct.n_tokens = n
+        if head is not None:
+            self._prepare_head(head, n, out_idx)
         rc = _llama.llama_decode(self._ptr, batch.struct)
         self.n_decodes += 1
         if rc == 2 or (rc != 0 and self._cancel.is_set()):
@@ -578,26 +756,335 @@ class LlamaContext:
             raise ContextOverflowError(f"no room in the KV cache for {n} more tokens (context {self.n_ctx})")
         if rc != 0:
             raise EngineError(f"llama_decode failed with code {rc}: {_last_error_line()}")
+        if head is not None:
+            stats = self._head_results(int(out_idx.size))
+            return (stats, self._logits_rows(n, out_idx)) if head.keep_logits else stats
         return self._logits_rows(n, out_idx)
+
+    def _prepare_head(self, head: HeadRequest, n_tokens: int, out_idx: np.ndarray) -> None:
+        if self._head_setup is None:
+            raise EngineError("the diffusion head is not configured on this context")
+        rows_n = int(out_idx.size)
+        arrays = {
+            "inv_temp": np.ascontiguousarray(head.inv_temp, dtype=np.float32),
+            "uniform": np.ascontiguousarray(head.uniform, dtype=np.float32),
+            "bias_row": None if head.bias_row is None else np.ascontiguousarray(head.bias_row, dtype=np.int32),
+            "sc_write": None if head.sc_write is None else np.ascontiguousarray(head.sc_write, dtype=np.int32),
+            "sc_read": None if head.sc_read is None else np.ascontiguousarray(head.sc_read, dtype=np.int32),
+        }
+        for name in ("inv_temp", "uniform", "bias_row", "sc_write"):
+            a = arrays[name]
+            if a is not None and a.shape != (rows_n,):
+                raise EngineError(f"head input {name} has shape {a.shape}, expected ({rows_n},)")
+        if arrays["sc_read"] is not None and arrays["sc_read"].shape != (n_tokens,):
+            raise EngineError(f"head input sc_read has shape {arrays['sc_read'].shape}, expected ({n_tokens},)")
+        b = _HeadBatch(top_k=int(head.top_k), top_p=float(head.top_p), margin=bool(head.margin), n_rows=rows_n,
+                       n_tokens=n_tokens, keep_logits=bool(head.keep_logits))
+        for name, a in arrays.items():
+            setattr(b, name, _ptr(a))
+        if _HEAD["prepare"](self._ptr, ctypes.byref(b)) != 0:
+            raise EngineError(f"diffusion head: {_last_error_line() or 'bad inputs'}")
+
+    def read_head_signal(self, slots: np.ndarray) -> np.ndarray:
+        """The self-conditioning signals the head holds in `slots` ([n, n_embd]; for tests)."""
+        idx = np.ascontiguousarray(slots, dtype=np.int32)
+        out = np.empty((idx.size, self.model.n_embd), dtype=np.float32)
+        if _HEAD["read_slots"](self._ptr, _ptr(idx), idx.size, _ptr(out)) != 0:
+            raise EngineError(f"could not read the head's signal: {_last_error_line()}")
+        return out
+
+    def _head_results(self, n_rows: int) -> RowStats:
+        got = ctypes.c_int32(0)
+        ptr = _HEAD["results"](self._ptr, ctypes.byref(got))
+        if not ptr or got.value != n_rows:
+            raise EngineError(f"the diffusion head returned {got.value} rows, expected {n_rows}: {_last_error_line()}")
+        # one array per result: drawn and argmax int32, then entropy, p_drawn, p_argmax, p_second float32
+        raw = np.frombuffer((ctypes.c_char * (HEAD_RESULTS * n_rows * 4)).from_address(ptr), dtype=np.uint8).copy()
+        ints = raw[: 2 * n_rows * 4].view(np.int32)
+        floats = raw[2 * n_rows * 4 :].view(np.float32).reshape(4, n_rows)
+        return RowStats(drawn=ints[:n_rows], argmax=ints[n_rows:], entropy=floats[0], p_drawn=floats[1],
+                        p_argmax=floats[2], p_second=floats[3])
 
     def _logits_rows(self, n: int, out_idx: np.ndarray) -> np.ndarray:
         """Rows of llama.cpp's logits buffer for the requested outputs, in request order.
 
-        Contexts with memory return only the flagged rows; contexts without memory (llada, dream)
-        run encode(), which outputs every position. Either way the result is a view when the
-        requested rows are contiguous."""
+        llama.cpp returns only the flagged rows, except that a stock engine runs models without
+        memory (llada, dream) through encode(), which outputs every position. Either way the result
+        is a view when the requested rows are contiguous."""
         n_vocab = self.model.n_vocab
-        if self.has_memory and out_idx.size == 0:
+        if self._rows_on_request and out_idx.size == 0:
             return np.empty((0, n_vocab), dtype=np.float32)
         ptr = _llama.llama_get_logits(self._ptr)
         if not ptr:
             raise EngineError("llama.cpp returned no logits")
-        n_rows = out_idx.size if self.has_memory else n
+        n_rows = out_idx.size if self._rows_on_request else n
         addr = ctypes.addressof(ptr.contents)
         buf = (ctypes.c_float * (n_rows * n_vocab)).from_address(addr)
         rows = np.frombuffer(buf, dtype=np.float32).reshape(n_rows, n_vocab)
-        if self.has_memory:
+        if self._rows_on_request:
             return rows
         if out_idx.size and np.all(np.diff(out_idx) == 1):
             return rows[out_idx[0] : out_idx[-1] + 1]
         return rows[out_idx]
+
+
+# -- llama.cpp's sampler chain, as examples/diffusion uses it (reference mode) --------------------
+# The example samples each masked position by filling a llama_token_data array with the position's
+# logits (the whole vocabulary), applying a chain of top-k, top-p, temperature and dist(seed), and
+# reading the candidates the chain leaves behind (calculate_confidence). Calling that chain here
+# reproduces the example by construction: the same partial sorts, the same float/double arithmetic
+# and the same std::mt19937 stream. The arrays the chain works on are numpy structured arrays (and
+# so are the llama_token_data_array headers pointing at them): a row is filled by two vectorised
+# copies (logits, and token ids when a sorting stage scrambled them), the headers are reset and the
+# results read back for many rows at once, and the per-row Python work is the copy and the call.
+
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
+_ARRAY_HEADER = np.dtype(  # llama_token_data_array: data, size, selected, sorted (C layout)
+    [("data", np.uintp), ("size", np.uintp), ("selected", np.int64), ("sorted", np.bool_)], align=True
+)
+LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp seeds dist from the clock for this value, not reproducibly
+_ENTROPY_EPS = np.float32(1e-10)  # calculate_confidence: p * logf(p + 1e-10)
+_CHUNK_BYTES = 8 << 20  # rows per buffer (results are read back a buffer at a time); fits an L3 cache
+_ROWS_PER_THREAD = 16  # fewer rows per thread than this are not worth a thread
+_MAX_THREADS = 8  # each thread holds a buffer of _CHUNK_BYTES; the GIL-held part of a row caps the gain
+
+
+def _sampler_api_ok() -> bool:
+    names = ("llama_sampler_chain_init", "llama_sampler_chain_default_params", "llama_sampler_chain_add",
+             "llama_sampler_init_top_k", "llama_sampler_init_top_p", "llama_sampler_init_temp",
+             "llama_sampler_init_dist", "llama_sampler_apply", "llama_sampler_clone", "llama_sampler_free")
+    if not all(hasattr(_llama, n) for n in names):
+        return False
+    td, ta = _llama.llama_token_data, _llama.llama_token_data_array
+    return (ctypes.sizeof(td) == TOKEN_DATA.itemsize and ctypes.sizeof(ta) == _ARRAY_HEADER.itemsize
+            and all(getattr(ta, f).offset == _ARRAY_HEADER.fields[f][1] for f in _ARRAY_HEADER.names))
+
+
+SAMPLER_CHAIN = _sampler_api_ok()
+
+
+@dataclass(frozen=True)
+class ChainDraws:
+    """Per sampled row, what calculate_confidence in examples/diffusion reads from the candidates."""
+
+    tokens: np.ndarray  # int32: the selected candidate's token id
+    p_selected: np.ndarray  # float32: its probability (confidence, origin)
+    p_first: np.ndarray  # float32: candidate 0's probability (margin)
+    p_second: np.ndarray  # float32: candidate 1's probability, 0 when one candidate is left (margin)
+    n_candidates: np.ndarray  # int64: candidates left after top-k / top-p
+    entropy: np.ndarray | None  # float32: -sum p * logf(p + 1e-10) over the candidates, when asked
+
+
+class _RowBuffers:
+    """One thread's rows: `capacity` llama_token_data arrays of the whole vocabulary, and one
+    llama_token_data_array header per row, both owned by numpy."""
+
+    def __init__(self, n_vocab: int, capacity: int) -> None:
+        self.capacity = capacity
+        self.cand = np.zeros((capacity, n_vocab), dtype=TOKEN_DATA)
+        self.cand["id"] = np.arange(n_vocab, dtype=np.int32)
+        self.ids, self.logits, self.probs = self.cand["id"], self.cand["logit"], self.cand["p"]
+        self.addrs = self.cand.ctypes.data + np.arange(capacity, dtype=np.uintp) * np.uintp(self.cand.strides[0])
+        self.headers = np.zeros(capacity, dtype=_ARRAY_HEADER)
+        base = self.headers.ctypes.data
+        self._structs = [_llama.llama_token_data_array.from_address(base + i * _ARRAY_HEADER.itemsize)
+                         for i in range(capacity)]
+        self.refs = [ctypes.byref(s) for s in self._structs]
+
+
+def _new_chain(top_k: int, top_p: float, temperature: float, seed: int):
+    # the order and the conditions of examples/diffusion's chain; top-p keeps at least one token
+    chain = _llama.llama_sampler_chain_init(_llama.llama_sampler_chain_default_params())
+    if top_k > 0:
+        _llama.llama_sampler_chain_add(chain, _llama.llama_sampler_init_top_k(int(top_k)))
+    if top_p < 1.0:
+        _llama.llama_sampler_chain_add(chain, _llama.llama_sampler_init_top_p(float(top_p), 1))
+    if temperature > 0.0:
+        _llama.llama_sampler_chain_add(chain, _llama.llama_sampler_init_temp(float(temperature)))
+    _llama.llama_sampler_chain_add(chain, _llama.llama_sampler_init_dist(int(seed) & 0xFFFFFFFF))
+    return chain
+
+
+class SamplerChain:
+    """llama.cpp's sampler chain built as examples/diffusion builds it, applied to many rows of logits.
+
+    `sample` applies the chain to the given rows in order, exactly as the example's loop over masked
+    positions would (the dist sampler's random stream advances once per row). With `threads` > 1 the
+    rows are split into contiguous parts sampled concurrently (llama_sampler_apply runs without the
+    GIL): each part gets a clone of the chain whose dist stream is advanced to the part's first row,
+    so the draws are the ones a single chain makes. Close it (or use it as a context manager) to
+    free the samplers."""
+
+    def __init__(self, n_vocab: int, *, top_k: int, top_p: float, temperature: float, seed: int) -> None:
+        if not SAMPLER_CHAIN:
+            raise EngineError("this llama-cpp-python has no usable llama_sampler API")
+        self.n_vocab = int(n_vocab)
+        self._chain = _new_chain(top_k, top_p, temperature, seed)
+        # top-k and top-p sort the candidates in place, scrambling the ids; temperature and dist
+        # leave them where they are, so without a sorting stage the ids are written once
+        self._sorts = top_k > 0 or top_p < 1.0
+        self._id_row = np.arange(self.n_vocab, dtype=np.int32)
+        self._rows_per_chunk = max(1, _CHUNK_BYTES // (self.n_vocab * TOKEN_DATA.itemsize))
+        self._buffers: list[_RowBuffers] = []
+        self._pool = None
+        self._one = np.zeros(1, dtype=TOKEN_DATA)  # a single candidate: advances dist by one draw
+        self._one_header = _llama.llama_token_data_array(
+            ctypes.cast(self._one.ctypes.data, _llama.llama_token_data_p), 1, -1, False)
+
+    # -- lifetime -------------------------------------------------------------------------------
+    def close(self) -> None:
+        if getattr(self, "_chain", None):
+            _llama.llama_sampler_free(self._chain)
+            self._chain = None
+        if getattr(self, "_pool", None) is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __enter__(self) -> SamplerChain:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- sampling -------------------------------------------------------------------------------
+    def sample(self, logits: np.ndarray, rows: np.ndarray, *, entropy: bool = False, threads: int = 1) -> ChainDraws:
+        """Apply the chain to `logits[rows[i]]` for i in order; `logits` is (n, n_vocab) float32."""
+        if self._chain is None:
+            raise EngineError("the sampler chain is closed")
+        if logits.ndim != 2 or logits.shape[1] != self.n_vocab or logits.dtype != np.float32:
+            raise EngineError(f"logits of shape {logits.shape} ({logits.dtype}); expected (n, {self.n_vocab}) float32")
+        rows = np.ascontiguousarray(rows, dtype=np.intp)
+        n = int(rows.size)
+        if n and (rows.min() < 0 or rows.max() >= logits.shape[0]):
+            raise EngineError(f"row index out of range for {logits.shape[0]} rows of logits")
+        out = ChainDraws(np.empty(n, np.int32), np.empty(n, np.float32), np.empty(n, np.float32),
+                         np.empty(n, np.float32), np.empty(n, np.int64), np.empty(n, np.float32) if entropy else None)
+        parts = max(1, min(int(threads), _MAX_THREADS, n // _ROWS_PER_THREAD))
+        while len(self._buffers) < parts:
+            self._buffers.append(_RowBuffers(self.n_vocab, self._rows_per_chunk))
+        if parts == 1:
+            self._sample_part(self._chain, self._buffers[0], logits, rows, 0, n, out)
+            return out
+        from concurrent.futures import ThreadPoolExecutor, wait
+
+        bounds = [n * i // parts for i in range(parts + 1)]
+        chains, jobs = [self._chain], []
+        try:
+            for lo in bounds[1:-1]:
+                clone = _llama.llama_sampler_clone(self._chain)
+                chains.append(clone)
+                self._advance(clone, lo)
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=_MAX_THREADS - 1, thread_name_prefix="llama-sampler")
+            jobs = [self._pool.submit(self._sample_part, chains[i], self._buffers[i], logits, rows, bounds[i],
+                                      bounds[i + 1], out) for i in range(1, parts)]
+            self._sample_part(chains[0], self._buffers[0], logits, rows, bounds[0], bounds[1], out)
+            for job in jobs:
+                job.result()
+        except BaseException:
+            wait(jobs)  # no clone is freed while a thread may still be applying it
+            for c in chains[1:]:
+                _llama.llama_sampler_free(c)
+            raise
+        # the last part's chain has drawn for every row before it and its own: it carries on
+        for c in chains[:-1]:
+            _llama.llama_sampler_free(c)
+        self._chain = chains[-1]
+        return out
+
+    def skip(self, n_rows: int) -> None:
+        """Advance the chain as `sample` on `n_rows` rows would, without sampling them (for rows
+        whose tokens would be thrown away: only the random stream's position matters)."""
+        if self._chain is None:
+            raise EngineError("the sampler chain is closed")
+        self._advance(self._chain, int(n_rows))
+
+    def _advance(self, chain, n_draws: int) -> None:
+        """Advance `chain`'s dist stream by `n_draws` rows: dist draws once even for one candidate."""
+        header, ref = self._one_header, ctypes.byref(self._one_header)
+        for _ in range(n_draws):
+            header.size, header.selected, header.sorted = 1, -1, False
+            _llama.llama_sampler_apply(chain, ref)
+
+    def _sample_part(self, chain, buf: _RowBuffers, logits: np.ndarray, rows: np.ndarray, lo: int, hi: int,
+                     out: ChainDraws) -> None:
+        apply = _llama.llama_sampler_apply
+        sorts, id_row = self._sorts, self._id_row
+        for a in range(lo, hi, buf.capacity):
+            m = min(buf.capacity, hi - a)
+            h = buf.headers[:m]
+            h["data"], h["size"], h["selected"], h["sorted"] = buf.addrs[:m], self.n_vocab, -1, False
+            # fill and apply row by row, so each row is still in the core's cache when the chain reads it
+            for j, row in enumerate(rows[a:a + m].tolist()):
+                buf.logits[j] = logits[row]
+                if sorts:
+                    buf.ids[j] = id_row
+                apply(chain, buf.refs[j])
+            moved = np.flatnonzero(h["data"] != buf.addrs[:m])
+            for j in moved:  # a sampler may point `data` elsewhere (none of these four do today)
+                src = (ctypes.c_char * (int(h["size"][j]) * TOKEN_DATA.itemsize)).from_address(int(h["data"][j]))
+                buf.cand[j, : int(h["size"][j])] = np.frombuffer(src, dtype=TOKEN_DATA)
+            self._read(buf, h, out, a, m)
+
+    @staticmethod
+    def _read(buf: _RowBuffers, h: np.ndarray, out: ChainDraws, a: int, m: int) -> None:
+        r = np.arange(m)
+        sel = h["selected"].astype(np.intp)
+        size = h["size"].astype(np.int64)
+        probs = buf.probs[:m]
+        out.tokens[a:a + m] = buf.ids[r, sel]
+        out.p_selected[a:a + m] = probs[r, sel]
+        out.p_first[a:a + m] = probs[:, 0]
+        out.p_second[a:a + m] = np.where(size > 1, probs[:, min(1, probs.shape[1] - 1)], np.float32(0))
+        out.n_candidates[a:a + m] = size
+        if out.entropy is not None:
+            width = int(size.max())
+            p = np.where(np.arange(width)[None, :] < size[:, None], probs[:, :width], np.float32(0))
+            # logf rounded from double (correctly rounded, as glibc's logf is to within 0.52 ulp);
+            # product and running sum in float, in candidate order, as the C loop does
+            logs = np.log((p + _ENTROPY_EPS).astype(np.float64)).astype(np.float32)
+            terms = (p * logs).astype(np.float32)
+            out.entropy[a:a + m] = -np.cumsum(terms, axis=1, dtype=np.float32)[:, -1]
+
+
+class DistSampler:
+    """llama_sampler_init_dist(seed) on its own: examples/diffusion's draw of which positions to
+    commit when alg_temp > 0."""
+
+    def __init__(self, seed: int) -> None:
+        if not SAMPLER_CHAIN:
+            raise EngineError("this llama-cpp-python has no usable llama_sampler API")
+        self._smpl = _llama.llama_sampler_init_dist(int(seed) & 0xFFFFFFFF)
+
+    def draw(self, logits: np.ndarray, n: int) -> np.ndarray:
+        """Indices of `n` draws from softmax(`logits`), each from the same candidates (the example
+        applies dist repeatedly to one array, so an index can come twice)."""
+        cand = np.zeros(len(logits), dtype=TOKEN_DATA)
+        cand["id"] = np.arange(len(logits), dtype=np.int32)
+        cand["logit"] = logits
+        header = _llama.llama_token_data_array(ctypes.cast(cand.ctypes.data, _llama.llama_token_data_p),
+                                               len(logits), -1, False)
+        out = np.empty(n, dtype=np.int64)
+        for i in range(n):
+            _llama.llama_sampler_apply(self._smpl, ctypes.byref(header))
+            out[i] = header.selected
+            cand["p"][header.selected] = 0.0  # as the example does; dist recomputes every p anyway
+            header.selected = -1
+        return out
+
+    def close(self) -> None:
+        if getattr(self, "_smpl", None):
+            _llama.llama_sampler_free(self._smpl)
+            self._smpl = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __enter__(self) -> DistSampler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

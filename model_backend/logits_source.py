@@ -10,26 +10,63 @@ the whole sequence):
 - "dual":   like prefix, but the cells after the block (the masked suffix) stay cached too.
 The first step of every block is always a full pass, so its logits equal the "none" mode's.
 Several requests (sequences) are answered with one llama_decode, one sequence id each.
+
+Requests that carry a `sample` spec are answered, with `on_backend`, with the RowStats the
+context's diffusion head computes in llama.cpp's graph (only O(rows) numbers come back); otherwise
+with logits, which the sampler reads on the host.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dgchat.model_backend import sampling
 from dgchat.model_backend.errors import InvalidParameterError
-from dgchat.model_backend.llamacpp import engine_info
+from dgchat.model_backend.llamacpp import HeadRequest, HeadSetup, LlamaContext, engine_info
 from dgchat.model_backend.masked_diffusion import LogitsRequest
 
 if TYPE_CHECKING:
     from dgchat.model_backend.engine import DiffusionEngine
 
 
+# the head configuration of masked models: no self-conditioning (one object, so contexts configure it once)
+PLAIN_HEAD = HeadSetup()
+
+
+def head_request(ctx: LlamaContext, specs: Sequence[sampling.SampleSpec], spec_of_row: np.ndarray,
+                 uniform_index: np.ndarray | None = None, **extra) -> HeadRequest:
+    """The diffusion head's inputs for a decode whose output rows are sampled under `specs`
+    (`spec_of_row[i]`: the spec of output row i; row i draws with `uniform[uniform_index[i]]` of
+    its spec, by default the rows of a spec in order). Sets the context's bias table."""
+    first = specs[0]
+    if any((sp.top_k, sp.top_p) != (first.top_k, first.top_p) for sp in specs):
+        raise InvalidParameterError("sequences decoded together must share top-k and top-p")
+    spec_of_row = np.asarray(spec_of_row, dtype=np.int64)
+    if uniform_index is None:  # position of each row among the rows of its spec
+        starts = np.flatnonzero(np.r_[True, spec_of_row[1:] != spec_of_row[:-1]])
+        uniform_index = np.arange(spec_of_row.size) - np.repeat(starts, np.diff(np.r_[starts, spec_of_row.size]))
+    uniform = np.array([0.0 if specs[k].uniform is None else specs[k].uniform[j]
+                        for k, j in zip(spec_of_row, uniform_index)], dtype=np.float32)
+    table, index = sampling.bias_table(specs, ctx.model.n_vocab)
+    ctx.set_head_bias(table)
+    return HeadRequest(
+        inv_temp=np.array([specs[k].inv_temp for k in spec_of_row], dtype=np.float32), uniform=uniform,
+        top_k=first.top_k, top_p=first.top_p, margin=any(sp.margin for sp in specs),
+        bias_row=index[spec_of_row].astype(np.int32) if table is not None and table.shape[0] > 1 else None, **extra,
+    )
+
+
 class LlamaLogits:
-    def __init__(self, engine: DiffusionEngine, cache: str = "none", n_seq: int = 1) -> None:
+    def __init__(self, engine: DiffusionEngine, cache: str = "none", n_seq: int = 1, *,
+                 on_backend: bool = False) -> None:
         self.engine = engine
+        self.on_backend = on_backend
+        # tests: called as check(requests, stats, logits) after every backend-sampled decode, which
+        # then also returns its logits
+        self.check: Callable | None = engine.step_check
         self.cache = cache if engine.info.has_kv_memory else "none"
         if self.cache == "dual" and not engine_info().noncontiguous_positions:
             # stock llama.cpp requires each batch to continue its sequence's cached positions
@@ -43,10 +80,10 @@ class LlamaLogits:
     def _ctx(self, total_tokens: int, longest: int):
         return self.engine._context_for(longest, n_seq=self.n_seq, batch_tokens=total_tokens)
 
-    def logits(self, request: LogitsRequest) -> np.ndarray:
+    def logits(self, request: LogitsRequest) -> np.ndarray | sampling.RowStats:
         return self.batch_logits([request])[0]
 
-    def batch_logits(self, requests: Sequence[LogitsRequest]) -> list[np.ndarray]:
+    def batch_logits(self, requests: Sequence[LogitsRequest]) -> list[np.ndarray | sampling.RowStats]:
         plans = [self._plan(i, r) for i, r in enumerate(requests)]
         total = sum(p[1].size for p in plans)
         longest = max(r.sequence.size for r in requests)
@@ -62,10 +99,21 @@ class LlamaLogits:
         for i, (drop_before, *_rest) in enumerate(plans):
             if drop_before is not None:
                 ctx.seq_rm(i, drop_before)
-        rows = ctx.decode_tokens(tokens, positions, seq_ids=seq_ids, outputs=outputs)
-        # rows come back in batch order for the requested outputs: split them per request
-        starts = np.cumsum([0] + [p[3].size for p in plans])
-        results = [rows[starts[i]:starts[i + 1]] for i in range(len(plans))]
+        sizes = [p[3].size for p in plans]
+        if self.on_backend and all(r.sample is not None for r in requests):
+            ctx.configure_head(PLAIN_HEAD)
+            specs = [r.sample for r in requests]
+            head = head_request(ctx, specs, np.repeat(np.arange(len(specs)), sizes), keep_logits=self.check is not None)
+            out = ctx.decode_tokens(tokens, positions, seq_ids=seq_ids, outputs=outputs, head=head)
+            if self.check is not None:
+                self.check(requests, *out)
+                out = out[0]
+            results = out.split(sizes)
+        else:
+            rows = ctx.decode_tokens(tokens, positions, seq_ids=seq_ids, outputs=outputs)
+            # rows come back in batch order for the requested outputs: split them per request
+            starts = np.cumsum([0] + sizes)
+            results = [rows[starts[i]:starts[i + 1]] for i in range(len(requests))]
         for i, (req, plan) in enumerate(zip(requests, plans)):
             self._after(ctx, i, req, plan)
         return results

@@ -31,7 +31,9 @@ from dgchat.model_backend.params import DiffusionParams
 
 @dataclass(frozen=True)
 class LogitsRequest:
-    """Logits of `sequence` (one full non-causal view of it) at sequence positions `rows`.
+    """Logits of `sequence` (one full non-causal view of it) at sequence positions `rows`, or with
+    `sample` the RowStats of those rows (computed where the source computes them: in llama.cpp's
+    graph with dgchat's engine, else from the logits on the host).
 
     `block` is the [start, end) range of sequence positions the sampler is working on and
     `block_start` says whether this is the block's first step: cache-reusing sources refresh their
@@ -41,12 +43,13 @@ class LogitsRequest:
     rows: np.ndarray
     block: tuple[int, int]
     block_start: bool
+    sample: sampling.SampleSpec | None = None
 
 
 class LogitsSource(Protocol):
-    def logits(self, request: LogitsRequest) -> np.ndarray: ...
+    def logits(self, request: LogitsRequest) -> np.ndarray | sampling.RowStats: ...
 
-    def batch_logits(self, requests: Sequence[LogitsRequest]) -> list[np.ndarray]: ...
+    def batch_logits(self, requests: Sequence[LogitsRequest]) -> list[np.ndarray | sampling.RowStats]: ...
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,11 @@ def masked_denoiser(
     early_stop = params.early_stop and template is None
     cancelled = False
     bias_ids, bias_values = logit_bias_arrays(params.logit_bias)
+    # never propose the mask token itself (the reference samplers can; it only wastes a step)
+    bias_ids = np.append(bias_ids, setup.mask_token).astype(np.int64)
+    bias_values = np.append(bias_values, np.float32(-np.inf)).astype(np.float32)
+    temperature = float(params.temperature or 0.0)
+    top_k, top_p = params.top_k or 0, 1.0 if params.top_p is None else params.top_p
 
     for canvas_index in range((max_tokens + L - 1) // L):
         canvas = Canvas.blank(L, setup.mask_token)
@@ -135,30 +143,27 @@ def masked_denoiser(
                 rows = base + candidates - (1 if setup.shift_logits else 0)
                 t0 = time.perf_counter()
                 block = (base + b_start, base + b_end)
+                spec = sampling.SampleSpec(temperature, top_k, top_p,
+                                           sampling.draw_uniform(candidates.size, temperature, rng),
+                                           margin=params.algorithm == "margin", bias_ids=bias_ids,
+                                           bias_values=bias_values)
                 try:
-                    logits = yield LogitsRequest(sequence, rows, block, step == 0)
-                    if params.cfg_scale > 0:
+                    if params.cfg_scale > 0:  # guidance mixes two passes' logits: sampled on the host
+                        cond = yield LogitsRequest(sequence, rows, block, step == 0)
+                        cond = np.array(cond, copy=True)
                         uncond_seq = sequence.copy()
                         uncond_seq[: prompt.size] = setup.mask_token
-                        cond = np.array(logits, copy=True)
                         uncond = yield LogitsRequest(uncond_seq, rows, block, step == 0)
-                        logits = uncond + np.float32(params.cfg_scale + 1.0) * (cond - uncond)
+                        row_stats = spec.stats(uncond + np.float32(params.cfg_scale + 1.0) * (cond - uncond))
+                    else:
+                        # a source without the engine's head may answer with logits: sampled here then
+                        row_stats = spec.stats((yield LogitsRequest(sequence, rows, block, step == 0, sample=spec)))
                 except GenerationCancelled:  # the decode in flight was aborted
                     cancelled = True
                     break
                 t1 = time.perf_counter()
-                # never propose the mask token itself (the reference samplers can; it only wastes a step)
-                logits[:, setup.mask_token] = -np.inf
-                if bias_ids.size:
-                    logits[:, bias_ids] += bias_values
-                proposal = sampling.propose(
-                    logits,
-                    temperature=float(params.temperature or 0.0),
-                    top_k=params.top_k or 0,
-                    top_p=1.0 if params.top_p is None else params.top_p,
-                    algorithm=params.algorithm,
-                    rng=rng,
-                )
+                proposal = sampling.proposal(row_stats, greedy=spec.uniform is None, algorithm=params.algorithm,
+                                             rng=rng)
                 if params.threshold is not None:
                     picked = sampling.choose_threshold(proposal.confidence, params.threshold)
                 elif params.factor is not None:
@@ -178,8 +183,10 @@ def masked_denoiser(
                 canvas_step += 1
                 canvas.commit(candidates[picked], proposal.tokens[picked], proposal.confidence[picked], stats.steps)
                 t2 = time.perf_counter()
-                stats.model_s += t1 - t0
-                stats.sampler_s += t2 - t1
+                model_s = t1 - t0 - row_stats.host_s  # vocabulary-wide work done on the host counts as sampler time
+                sampler_s = t2 - t1 + row_stats.host_s
+                stats.model_s += model_s
+                stats.sampler_s += sampler_s
                 if early_stop:
                     end_at = first_end(canvas, is_eog)
                 yield StepEvent(
@@ -191,7 +198,7 @@ def masked_denoiser(
                     answer_tokens=_joined(answer),
                     committed=canvas.n_decided,
                     canvas_length=L,
-                    timing=StepTiming(1000 * (t1 - t0), 1000 * (t2 - t1)),
+                    timing=StepTiming(1000 * model_s, 1000 * sampler_s),
                     elapsed_s=time.perf_counter() - t_start,
                 )
                 if end_at is not None:

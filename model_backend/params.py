@@ -10,6 +10,9 @@ from dgchat.model_backend.errors import InvalidParameterError
 ALGORITHMS = ("confidence", "entropy", "margin", "random", "origin")
 MODES = ("dgchat", "reference")
 CACHE_MODES = ("auto", "none", "prefix", "dual")  # auto: prefix where the model has KV memory
+# where a step's vocabulary-wide sampler work runs: auto = the backend with dgchat's engine, else the host
+SAMPLER_PLACES = ("auto", "backend", "host")
+SOFT_EMBEDDINGS = ("auto", "exact", "top-k")  # DiffusionGemma's self-conditioning soft embedding
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,12 @@ class DiffusionParams:
     # additive biases on token logits, ((token id, bias), ...), like OpenAI's logit_bias: a bias of
     # -100 or lower bans the token outright (banned words of NPC cards, the API's logit_bias)
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # where the vocabulary-wide part of each step runs: "backend" (in llama.cpp's graph on the device
+    # that computed the logits; dgchat's engine) or "host" (numpy); "auto" picks the backend if it can
+    sampler_on: str = "auto"
+    # DiffusionGemma: softmax @ E over the whole vocabulary ("exact") or each row's 256 most likely
+    # tokens ("top-k"); "auto": exact on a GPU or for vocabularies up to 65,536, else top-k
+    soft_embedding: str = "auto"
 
     def with_defaults(self, defaults: dict[str, Any]) -> DiffusionParams:
         """Fill every None field from `defaults`."""
@@ -100,6 +109,10 @@ class DiffusionParams:
             bad(f"--mode must be one of {', '.join(MODES)} (got {self.mode!r})")
         if self.cache not in CACHE_MODES:
             bad(f"--cache must be one of {', '.join(CACHE_MODES)} (got {self.cache!r})")
+        if self.sampler_on not in SAMPLER_PLACES:
+            bad(f"--sampler-on must be one of {', '.join(SAMPLER_PLACES)} (got {self.sampler_on!r})")
+        if self.soft_embedding not in SOFT_EMBEDDINGS:
+            bad(f"--soft-embedding must be one of {', '.join(SOFT_EMBEDDINGS)} (got {self.soft_embedding!r})")
         if self.mode == "reference" and (self.threshold is not None or self.factor is not None):
             bad("reference mode reproduces llama.cpp's example, which has no --threshold/--factor")
         if self.mode == "reference" and self.cache not in ("none", "auto"):

@@ -18,8 +18,21 @@ and documented here so the dgchat samplers can differ knowingly:
 - temperature 0 adds no temperature stage: tokens are drawn at temperature 1 from the top-k / top-p
   candidates (greedy is top-k 1, or top-p 0).
 
-Sorting ties (equal logits) are broken by token id here; C++'s std::partial_sort leaves their order
-unspecified, so exactly tied logits are the one place the two may differ.
+Each masked position is sampled by one of two implementations of the example's sampler chain
+(top-k, top-p, temperature, dist):
+
+- `_LlamaChain` (the default): llama.cpp's own chain through its C API (`llamacpp.SamplerChain`),
+  exact by construction and as fast as the example itself;
+- `_NumpyChain`: the same chain re-implemented in numpy, used when llama-cpp-python lacks the
+  sampler API or the seed is LLAMA_DEFAULT_SEED (llama.cpp would seed that from the clock), and
+  kept as the cross-check the tests compare the C chain with. Its sorting ties (equal logits) are
+  broken by token id; C++'s std::partial_sort leaves their order unspecified, so exactly tied
+  logits are the one place the two may differ.
+
+The example's own `rng` (the "random" and "origin" draws, Gumbel noise) stays in Python
+(`CxxMt19937`) for both. Entropy uses logf rounded from double; glibc's logf (within 0.52 ulp)
+differs from it in the last bit for a few arguments in a thousand, which changes a committed
+position only if two positions' entropies tie to the last bit at the cut.
 """
 
 from __future__ import annotations
@@ -34,6 +47,9 @@ from dgchat.model_backend.errors import InvalidParameterError
 from dgchat.model_backend.schedules import even_split, timestep_transfer_count
 
 ALGORITHM_IDS = {"origin": 0, "entropy": 1, "margin": 2, "random": 3, "confidence": 4}
+CHAINS = ("auto", "llama.cpp", "numpy")
+_LLAMA_DEFAULT_SEED = 0xFFFFFFFF
+_ENTROPY_EPS = np.float32(1e-10)
 
 
 @dataclass(frozen=True)
@@ -66,7 +82,86 @@ class ReferenceStep:
     sampler_seconds: float
 
 
+# -- the fast path: llama.cpp's own chain -----------------------------------------------------------
+
+
+class _LlamaChain:
+    """The example's `sampler` (top-k, top-p, temperature, dist) and `dist_sampler` (alg_temp > 0),
+    called through llama.cpp's C API. The chain is built on the first step, when the vocabulary
+    size is known from the logits."""
+
+    def __init__(self, p: ReferenceParams, threads: int) -> None:
+        from dgchat.model_backend import llamacpp
+
+        self._llamacpp = llamacpp
+        self._p = p
+        self._threads = max(1, int(threads))
+        self._chain = None
+        self._select = llamacpp.DistSampler(p.seed) if p.alg_temp > 0.0 else None
+
+    def _built(self, n_vocab: int):
+        if self._chain is None:
+            p = self._p
+            self._chain = self._llamacpp.SamplerChain(n_vocab, top_k=p.top_k, top_p=p.top_p,
+                                                      temperature=p.temperature, seed=p.seed)
+        return self._chain
+
+    def sample(self, logits: np.ndarray, rows: np.ndarray, algorithm: str,
+               rng: CxxMt19937) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens and confidences (calculate_confidence) of `logits[rows]`, in order."""
+        chain = self._built(logits.shape[1])
+        if algorithm == "random":  # the example's rng, one draw per position in order
+            random_conf = rng.uniform_float(int(rows.size))
+        d = chain.sample(logits, rows, entropy=algorithm == "entropy", threads=self._threads)
+        if algorithm in ("confidence", "origin"):
+            return d.tokens, d.p_selected
+        if algorithm == "entropy":
+            return d.tokens, d.entropy
+        if algorithm == "margin":
+            return d.tokens, np.where(d.n_candidates > 1, d.p_first - d.p_second, d.p_first).astype(np.float32)
+        if algorithm == "random":
+            return d.tokens, random_conf
+        raise InvalidParameterError(f"unknown algorithm {algorithm!r}")
+
+    def skip(self, logits: np.ndarray, rows: np.ndarray, algorithm: str, rng: CxxMt19937) -> None:
+        """Make the draws `sample` would make, without sampling (a step that commits nothing)."""
+        self._built(logits.shape[1]).skip(int(rows.size))
+        if algorithm == "random":
+            rng.uniform_float(int(rows.size))
+
+    def select(self, conf_logits: np.ndarray, n: int) -> np.ndarray:
+        """`n` draws of positions from softmax(conf_logits), with repeats (alg_temp > 0)."""
+        return self._select.draw(conf_logits, n)
+
+    def close(self) -> None:
+        for s in (self._chain, self._select):
+            if s is not None:
+                s.close()
+
+
+def _llama_chain_available() -> bool:
+    try:
+        from dgchat.model_backend import llamacpp
+    except Exception:  # llama-cpp-python missing or broken: the numpy chain still works
+        return False
+    return bool(llamacpp.SAMPLER_CHAIN)
+
+
+# -- the numpy re-implementation (fallback and cross-check) -----------------------------------------
+
 _CHUNK_ELEMENTS = 1 << 22  # rows are processed in chunks of about this many logits (memory bound)
+
+
+def _logf(x: np.ndarray) -> np.ndarray:
+    """logf of float32 values, correctly rounded (from double), as close to glibc's as numpy gets."""
+    return np.log(x.astype(np.float64)).astype(np.float32)
+
+
+def _entropy(probs: np.ndarray) -> np.ndarray:
+    """calculate_confidence's entropy of each row: -sum p * logf(p + 1e-10) in float, in order
+    (zeros past the candidates add nothing)."""
+    terms = (probs * _logf(probs + _ENTROPY_EPS)).astype(np.float32)
+    return -np.cumsum(terms, axis=1, dtype=np.float32)[:, -1]
 
 
 @dataclass
@@ -127,37 +222,75 @@ def _sample_rows(rows: np.ndarray, p: ReferenceParams, rnds: np.ndarray) -> _Sam
     return _Sampled(tokens.astype(np.int32), probs, sel, size)
 
 
-def _sample_chunked(logits: np.ndarray, row_index: np.ndarray, p: ReferenceParams, rnds: np.ndarray,
-                    algorithm: str, rng: CxxMt19937) -> tuple[np.ndarray, np.ndarray]:
-    """Sample the rows `row_index` of `logits`; returns (tokens, confidences) in order."""
-    n = row_index.size
-    tokens = np.empty(n, dtype=np.int32)
-    conf = np.empty(n, dtype=np.float32)
-    if algorithm == "random":  # drawn from the example's rng, one per position, in order
-        conf[:] = rng.uniform_float(n)
-    step = max(1, _CHUNK_ELEMENTS // max(1, logits.shape[1]))
-    for a in range(0, n, step):
-        b = min(n, a + step)
-        s = _sample_rows(logits[row_index[a:b]], p, rnds[a:b])
-        tokens[a:b] = s.tokens
-        idx = np.arange(b - a)
-        if algorithm in ("confidence", "origin"):
-            conf[a:b] = s.probs[idx, s.sel]
-        elif algorithm == "entropy":  # llama.cpp returns -sum p log p: *highest* entropy first
-            terms = (s.probs * np.log(s.probs + np.float32(1e-10))).astype(np.float32)
-            conf[a:b] = -np.cumsum(terms, axis=1, dtype=np.float32)[:, -1]
-        elif algorithm == "margin":  # candidates 0 and 1 in candidate order
-            conf[a:b] = np.where(s.size > 1, s.probs[:, 0] - s.probs[:, min(1, s.probs.shape[1] - 1)], s.probs[:, 0])
-        elif algorithm != "random":
-            raise InvalidParameterError(f"unknown algorithm {algorithm!r}")
-    return tokens, conf
-
-
 def _dist_probs(logits: np.ndarray, is_sorted: bool) -> tuple[np.ndarray, np.ndarray]:
     """llama_sampler_dist's softmax on one row: float exp, double running sum."""
     max_l = logits[0] if is_sorted else logits.max()
     p = np.exp((logits - max_l).astype(np.float64)).astype(np.float32)
     return p, np.cumsum(p.astype(np.float64))
+
+
+class _NumpyChain:
+    """The same chain in numpy: `_dist` and `_select` replay the std::mt19937 streams of the
+    chain's dist sampler and of `dist_sampler` (one double per draw)."""
+
+    def __init__(self, p: ReferenceParams) -> None:
+        self._p = p
+        self._dist = CxxMt19937(p.seed)
+        self._select = CxxMt19937(p.seed)
+
+    def sample(self, logits: np.ndarray, rows: np.ndarray, algorithm: str,
+               rng: CxxMt19937) -> tuple[np.ndarray, np.ndarray]:
+        n = int(rows.size)
+        rnds = self._dist.uniform_double(n)
+        tokens = np.empty(n, dtype=np.int32)
+        conf = np.empty(n, dtype=np.float32)
+        if algorithm == "random":
+            conf[:] = rng.uniform_float(n)
+        step = max(1, _CHUNK_ELEMENTS // max(1, logits.shape[1]))
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            s = _sample_rows(logits[rows[a:b]], self._p, rnds[a:b])
+            tokens[a:b] = s.tokens
+            if algorithm in ("confidence", "origin"):
+                conf[a:b] = s.probs[np.arange(b - a), s.sel]
+            elif algorithm == "entropy":
+                conf[a:b] = _entropy(s.probs)
+            elif algorithm == "margin":
+                second = s.probs[:, min(1, s.probs.shape[1] - 1)]
+                conf[a:b] = np.where(s.size > 1, s.probs[:, 0] - second, s.probs[:, 0])
+            elif algorithm != "random":
+                raise InvalidParameterError(f"unknown algorithm {algorithm!r}")
+        return tokens, conf
+
+    def skip(self, logits: np.ndarray, rows: np.ndarray, algorithm: str, rng: CxxMt19937) -> None:
+        self._dist.uniform_double(int(rows.size))
+        if algorithm == "random":
+            rng.uniform_float(int(rows.size))
+
+    def select(self, conf_logits: np.ndarray, n: int) -> np.ndarray:
+        order = []
+        for rnd in self._select.uniform_double(n):
+            if conf_logits.shape[0] == 1:  # dist draws even for a single candidate
+                order.append(0)
+                continue
+            _, cum = _dist_probs(conf_logits, False)
+            order.append(min(int(np.searchsorted(cum, cum[-1] * rnd, side="left")), conf_logits.shape[0] - 1))
+        return np.asarray(order, dtype=np.int64)
+
+    def close(self) -> None:
+        pass
+
+
+def _make_chain(p: ReferenceParams, chain: str, threads: int) -> _LlamaChain | _NumpyChain:
+    if chain not in CHAINS:
+        raise InvalidParameterError(f"reference mode: chain must be one of {', '.join(CHAINS)} (got {chain!r})")
+    reproducible = (int(p.seed) & 0xFFFFFFFF) != _LLAMA_DEFAULT_SEED
+    if chain == "llama.cpp" or (chain == "auto" and reproducible and _llama_chain_available()):
+        return _LlamaChain(p, threads)
+    return _NumpyChain(p)
+
+
+# -- the denoising loop (diffusion_generate) --------------------------------------------------------
 
 
 def _transfer_count(step: int, total: int, remaining: int, p: ReferenceParams, schedule: list[int]) -> int:
@@ -171,18 +304,37 @@ def reference_denoise(
     params: ReferenceParams,
     logits_fn: Callable[[np.ndarray], np.ndarray],
     clock: Callable[[], float],
+    *,
+    chain: str = "auto",
+    sampler_threads: int = 1,
 ) -> Iterator[ReferenceStep]:
-    """Run llama.cpp's diffusion_generate. `logits_fn(tokens)` returns the (max_length, V) logits
-    of the full sequence (a fresh non-causal pass, as the example does every step)."""
+    """Run llama.cpp's diffusion_generate. `logits_fn(tokens, rows)` returns the float32 logits of
+    the sequence's positions `rows` (sorted, unique), one row each: a fresh non-causal pass, as the
+    example makes every step (it computes every position's logits; only these are read).
+
+    `chain`: "auto" (llama.cpp's chain when available, else numpy), "llama.cpp" or "numpy".
+    `sampler_threads`: threads the llama.cpp chain may sample positions on (same draws)."""
+    sampler = _make_chain(params, chain, sampler_threads)
+    try:
+        yield from _diffusion_generate(input_tokens, params, logits_fn, clock, sampler)
+    finally:  # also when the consumer stops early: the C samplers are freed here
+        sampler.close()
+
+
+def _diffusion_generate(
+    input_tokens: np.ndarray,
+    params: ReferenceParams,
+    logits_fn: Callable[[np.ndarray], np.ndarray],
+    clock: Callable[[], float],
+    sampler: _LlamaChain | _NumpyChain,
+) -> Iterator[ReferenceStep]:
     p = params
     n_input = int(input_tokens.shape[0])
     if n_input <= 0 or p.max_length <= n_input:
         return
     out = np.full(p.max_length, p.mask_token_id, dtype=np.int32)
     out[:n_input] = input_tokens
-    chain_rng = CxxMt19937(p.seed)  # the dist sampler at the end of the chain
     rng = CxxMt19937(p.seed)  # the example's own std::mt19937
-    select_rng = CxxMt19937(p.seed)  # dist_sampler, used when alg_temp > 0
     algorithm = p.algorithm
 
     num_blocks, steps_per_block = 1, p.steps
@@ -205,30 +357,35 @@ def reference_denoise(
             schedule = even_split(int(np.count_nonzero(out[b_start:b_end] == p.mask_token_id)), steps_per_block)
         else:
             b_start, b_end, schedule = 0, p.max_length, []
+        in_block = np.zeros(p.max_length, dtype=bool)
+        in_block[b_start:b_end] = True
         for step in range(steps_per_block):
             global_step = block * steps_per_block + step
-            logits = logits_fn(out)
+            mask_pos = np.flatnonzero((out == p.mask_token_id) & in_block)
+            if mask_pos.size == 0:
+                break
+            # the logits rows the step reads (Dream's shift: position i from row i - 1); the example's
+            # Gumbel noise goes to row 0 of its logits buffer, whether or not a masked position reads it
+            rows_of = mask_pos - 1 if p.shift_logits else mask_pos.copy()
+            if p.shift_logits:
+                rows_of[mask_pos == 0] = 0
+            gumbel = p.add_gumbel_noise and p.temperature > 0.0
+            need = np.unique(rows_of)
+            logits = logits_fn(out, need)
             if p.cfg_scale > 0.0:
                 cond = np.array(logits, copy=True)
                 uncond_tokens = out.copy()
                 uncond_tokens[:n_input] = p.mask_token_id
-                uncond = logits_fn(uncond_tokens)
+                uncond = logits_fn(uncond_tokens, need)
                 logits = uncond + np.float32(p.cfg_scale + 1.0) * (cond - uncond)
             t0 = clock()
-            in_block = np.zeros(p.max_length, dtype=bool)
-            in_block[b_start:b_end] = True
-            mask_pos = np.flatnonzero((out == p.mask_token_id) & in_block)
-            if mask_pos.size == 0:
-                break
-            if p.add_gumbel_noise and p.temperature > 0.0:
-                row0 = logits[0]
-                u = np.maximum(rng.uniform_double(row0.shape[0]), 1e-20)
-                noise = np.power(-np.log(u), p.temperature)
-                row0[:] = (np.exp(row0.astype(np.float64)).astype(np.float32) / noise).astype(np.float32)
-
-            rows_of = mask_pos - 1 if p.shift_logits else mask_pos.copy()
-            if p.shift_logits:
-                rows_of[mask_pos == 0] = 0
+            if gumbel:
+                u = np.maximum(rng.uniform_double(logits.shape[1]), 1e-20)
+                if need[0] == 0:
+                    row0 = logits[0]
+                    noise = np.power(-np.log(u), p.temperature)
+                    row0[:] = (np.exp(row0.astype(np.float64)).astype(np.float32) / noise).astype(np.float32)
+            rows_of = np.searchsorted(need, rows_of)  # positions -> rows of `logits`
 
             n_transfer = _transfer_count(step, steps_per_block, int(mask_pos.size), p, schedule)
             committed: list[int] = []
@@ -236,33 +393,26 @@ def reference_denoise(
             if algorithm == "origin":
                 p_transfer = np.float32(n_transfer) / np.float32(mask_pos.size)
                 chosen = np.flatnonzero(rng.uniform_float(int(mask_pos.size)) < p_transfer)
-                rnds = chain_rng.uniform_double(int(chosen.size))
-                tokens, conf = _sample_chunked(logits, rows_of[chosen], p, rnds, "origin", rng)
+                tokens, conf = sampler.sample(logits, rows_of[chosen], "origin", rng)
                 out[mask_pos[chosen]] = tokens
                 committed, confs = mask_pos[chosen].tolist(), conf.tolist()
+            elif n_transfer <= 0:
+                # the example samples every position and then commits none of them: only the
+                # random streams' advance is visible, and that is made without the sampling
+                sampler.skip(logits, rows_of, algorithm, rng)
             else:
-                rnds = chain_rng.uniform_double(int(mask_pos.size))
-                sampled, conf = _sample_chunked(logits, rows_of, p, rnds, algorithm, rng)
-                if n_transfer > 0:
-                    n = min(n_transfer, int(mask_pos.size))
-                    if p.alg_temp == 0.0:
-                        # partial_sort by (confidence desc, index asc)
-                        order = np.lexsort((np.arange(conf.size), -conf))[:n]
-                    else:
-                        conf_logits = (conf / np.float32(p.alg_temp)).astype(np.float32)
-                        order = []
-                        for rnd in select_rng.uniform_double(n):
-                            if conf_logits.shape[0] == 1:
-                                order.append(0)
-                                continue
-                            unnorm, cum = _dist_probs(conf_logits, False)
-                            order.append(min(int(np.searchsorted(cum, cum[-1] * rnd, side="left")),
-                                             conf_logits.shape[0] - 1))
-                    for idx in order:
-                        pos = int(mask_pos[idx])
-                        out[pos] = sampled[idx]
-                        committed.append(pos)
-                        confs.append(float(conf[idx]))
+                sampled, conf = sampler.sample(logits, rows_of, algorithm, rng)
+                n = min(n_transfer, int(mask_pos.size))
+                if p.alg_temp == 0.0:
+                    # partial_sort by (confidence desc, index asc)
+                    order = np.lexsort((np.arange(conf.size), -conf))[:n]
+                else:
+                    order = sampler.select((conf / np.float32(p.alg_temp)).astype(np.float32), n)
+                for idx in order.tolist():
+                    pos = int(mask_pos[idx])
+                    out[pos] = sampled[idx]
+                    committed.append(pos)
+                    confs.append(float(conf[idx]))
             yield ReferenceStep(
                 step=global_step,
                 total_steps=p.steps,

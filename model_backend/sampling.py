@@ -12,7 +12,9 @@ Confidence of a proposal is measured on that processed distribution:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -21,7 +23,96 @@ import numpy as np
 class Proposal:
     tokens: np.ndarray  # int32 (n,)
     confidence: np.ndarray  # float32 (n,)
-    probs: np.ndarray | None = None  # processed distribution (n, V), kept only when asked
+
+
+@dataclass(frozen=True)
+class RowStats:
+    """Per row of logits, what a diffusion sampler needs of the processed distribution: the numbers
+    the engine's diffusion head computes on the backend (engine/patches/0006) instead of returning
+    the logits, and that `row_stats` computes from logits on the host."""
+
+    drawn: np.ndarray  # int32: inverse-CDF draw (token id order) with the row's uniform
+    argmax: np.ndarray  # int32: the most likely token
+    entropy: np.ndarray  # float32, nats
+    p_drawn: np.ndarray  # float32
+    p_argmax: np.ndarray  # float32
+    p_second: np.ndarray  # float32: second largest probability (0 unless asked for)
+    host_s: float = 0.0  # seconds the host spent computing them (0: the backend did)
+
+    def take(self, rows: slice | np.ndarray) -> RowStats:
+        return RowStats(*(getattr(self, f)[rows] for f in _ROW_FIELDS), host_s=self.host_s)
+
+    def split(self, sizes: Sequence[int]) -> list[RowStats]:
+        """Consecutive slices of the rows (the requests of a batched call)."""
+        edges = np.cumsum([0, *sizes])
+        return [self.take(slice(a, b)) for a, b in zip(edges[:-1], edges[1:])]
+
+    @staticmethod
+    def concat(parts: Sequence[RowStats]) -> RowStats:
+        return RowStats(*(np.concatenate([getattr(p, f) for p in parts]) for f in _ROW_FIELDS),
+                        host_s=sum(p.host_s for p in parts))
+
+
+_ROW_FIELDS = ("drawn", "argmax", "entropy", "p_drawn", "p_argmax", "p_second")
+
+
+@dataclass(frozen=True)
+class SampleSpec:
+    """What a sampler asks of each requested row instead of its logits: the statistics of
+    softmax(filter(logits + bias) / temperature). `uniform` is None for greedy rows (temperature 0:
+    no filter-free draw is needed and the temperature is 1)."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    uniform: np.ndarray | None  # float32 (rows,)
+    margin: bool = False  # compute p_second
+    bias_ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    bias_values: np.ndarray = field(default_factory=lambda: np.empty(0, np.float32))
+
+    @property
+    def inv_temp(self) -> float:
+        return 1.0 / self.temperature if self.uniform is not None and self.temperature > 0 else 1.0
+
+    def bias_row(self, n_vocab: int) -> np.ndarray | None:
+        """The bias as a dense row (-inf bans), None without one."""
+        if self.bias_ids.size == 0:
+            return None
+        row = np.zeros(n_vocab, dtype=np.float32)
+        np.add.at(row, self.bias_ids, self.bias_values)
+        return row
+
+    def stats(self, logits: np.ndarray | RowStats) -> RowStats:
+        """The host implementation: `row_stats` of these logits (copied; the bias is added here),
+        timed as host work. RowStats (a source that computed them on the backend) pass through."""
+        if isinstance(logits, RowStats):
+            return logits
+        t0 = time.perf_counter()
+        x = np.array(logits, dtype=np.float32, copy=True)
+        if self.bias_ids.size:
+            x[:, self.bias_ids] += self.bias_values
+        uniform = self.uniform if self.uniform is not None else np.zeros(x.shape[0], np.float32)
+        stats = row_stats(x, inv_temp=self.inv_temp, uniform=uniform, top_k=self.top_k, top_p=self.top_p,
+                          margin=self.margin)
+        return replace(stats, host_s=time.perf_counter() - t0)
+
+
+def bias_table(specs: Sequence[SampleSpec], n_vocab: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """The distinct logit biases of a batch's requests as dense rows, and each request's row
+    (None and zeros when no request has a bias)."""
+    keys: dict[bytes, int] = {}
+    rows: list[np.ndarray] = []
+    index = np.zeros(len(specs), dtype=np.int32)
+    if not any(spec.bias_ids.size for spec in specs):
+        return None, index
+    for i, spec in enumerate(specs):
+        key = spec.bias_ids.tobytes() + b"|" + spec.bias_values.tobytes()
+        if key not in keys:
+            keys[key] = len(rows)
+            row = spec.bias_row(n_vocab)
+            rows.append(row if row is not None else np.zeros(n_vocab, dtype=np.float32))
+        index[i] = keys[key]
+    return np.stack(rows), index
 
 
 def filter_top_k(logits: np.ndarray, k: int) -> np.ndarray:
@@ -66,6 +157,82 @@ def entropy(probs: np.ndarray) -> np.ndarray:
     return -np.sum(plogp, axis=-1)
 
 
+def softmax_and_entropy(processed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """softmax(processed) and the entropy of each row (torch.distributions.Categorical's, in
+    float32) in a few passes over the vocabulary (the step's largest cost on a small model): with
+    e = exp(x - m) and s = sum(e), p = e / s and H = log s - sum(e * (x - m)) / s."""
+    shifted = processed - processed.max(axis=-1, keepdims=True)
+    e = np.exp(shifted, dtype=np.float32)
+    total = np.sum(e, axis=-1, keepdims=True, dtype=np.float32)
+    probs = e / total
+    if not np.isfinite(shifted).all():  # -inf logits (a ban): 0 * -inf must count as 0
+        logp = shifted - np.log(total)
+        return probs, -np.sum(np.where(probs > 0, logp, np.float32(0.0)) * probs, axis=-1, dtype=np.float32)
+    weighted = np.einsum("ij,ij->i", e, shifted, dtype=np.float32)
+    return probs, (np.log(total[:, 0]) - weighted / total[:, 0]).astype(np.float32)
+
+
+def inverse_cdf(probs: np.ndarray, uniform: np.ndarray) -> np.ndarray:
+    """For each row, the first index whose cumulative probability reaches uniform * row total: a
+    categorical draw. The running sum is a float32 sum in index order, as ggml's cumsum on the CPU
+    backend computes it, so the host and the engine's diffusion head draw the same token for the same
+    uniform (a chunked sum is cheaper but puts tail draws on different sides of float ties)."""
+    cdf = np.cumsum(probs, axis=-1, dtype=np.float32)
+    target = uniform.astype(np.float32) * cdf[:, -1]
+    return np.minimum(np.sum(cdf < target[:, None], axis=-1), probs.shape[-1] - 1).astype(np.int32)
+
+
+def row_stats(
+    logits: np.ndarray,
+    *,
+    inv_temp: float | np.ndarray,
+    uniform: np.ndarray,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    margin: bool = False,
+) -> RowStats:
+    """The statistics of softmax(filter(logits) * inv_temp) per row, filters as `filter_top_k` and
+    `filter_top_p` (at temperature 1, before the temperature): the specification of what the
+    engine's diffusion head computes on the backend."""
+    x = logits
+    if top_k:
+        x = filter_top_k(x, top_k)
+    if top_p < 1.0:
+        x = filter_top_p(x, top_p)
+    scale = np.asarray(inv_temp, dtype=np.float32)
+    x = (x * (scale[:, None] if scale.ndim else scale)).astype(np.float32, copy=False)
+    probs, h = softmax_and_entropy(x)
+    rows = np.arange(x.shape[0])
+    drawn = inverse_cdf(probs, np.asarray(uniform, dtype=np.float32))
+    argmax = np.argmax(x, axis=-1).astype(np.int32)
+    second = np.partition(probs, -2, axis=-1)[:, -2] if margin and x.shape[1] > 1 else np.zeros(x.shape[0], np.float32)
+    return RowStats(drawn, argmax, h, probs[rows, drawn], probs[rows, argmax], second.astype(np.float32))
+
+
+def draw_uniform(n: int, temperature: float, rng: np.random.Generator) -> np.ndarray | None:
+    """The per-row uniforms of a proposal's draw (None when greedy: nothing is drawn)."""
+    return rng.random(n, dtype=np.float32) if temperature > 0.0 else None
+
+
+def proposal(stats: RowStats, *, greedy: bool, algorithm: str, rng: np.random.Generator) -> Proposal:
+    """A token per row and how sure the model is about it, from the row statistics.
+
+    Greedy rows take the argmax (its probability at temperature 1 is the confidence), others the
+    drawn token. "random" draws its confidences from `rng` after the tokens' uniforms."""
+    tokens = stats.argmax if greedy else stats.drawn
+    if algorithm in ("confidence", "origin"):
+        conf = stats.p_argmax if greedy else stats.p_drawn
+    elif algorithm == "margin":
+        conf = stats.p_argmax - stats.p_second
+    elif algorithm == "entropy":
+        conf = -stats.entropy
+    elif algorithm == "random":
+        conf = rng.random(tokens.shape[0], dtype=np.float32)
+    else:
+        raise ValueError(f"unknown algorithm {algorithm!r}")
+    return Proposal(tokens.astype(np.int32), np.asarray(conf, dtype=np.float32))
+
+
 def propose(
     logits: np.ndarray,
     *,
@@ -74,36 +241,14 @@ def propose(
     top_p: float,
     algorithm: str,
     rng: np.random.Generator,
-    keep_probs: bool = False,
 ) -> Proposal:
-    """Propose a token for each row and say how sure the model is about it."""
-    x = logits
-    if top_k:
-        x = filter_top_k(x, top_k)
-    if top_p < 1.0:
-        x = filter_top_p(x, top_p)
-    greedy = temperature == 0.0
-    probs = softmax(x, 1.0 if greedy else temperature)
-    if greedy:
-        tokens = np.argmax(x, axis=-1).astype(np.int32)
-    else:
-        # inverse-CDF draw: one uniform per row instead of a Gumbel variate per vocabulary entry
-        cdf = np.cumsum(probs, axis=-1)
-        u = rng.random(probs.shape[0], dtype=np.float32)[:, None] * cdf[:, -1:]
-        tokens = np.minimum(np.sum(cdf < u, axis=-1), probs.shape[-1] - 1).astype(np.int32)
-    rows = np.arange(probs.shape[0])
-    if algorithm in ("confidence", "origin"):
-        conf = probs[rows, tokens]
-    elif algorithm == "margin":
-        top2 = np.partition(probs, -2, axis=-1)[:, -2:]
-        conf = top2[:, 1] - top2[:, 0]
-    elif algorithm == "entropy":
-        conf = -entropy(probs)
-    elif algorithm == "random":
-        conf = rng.random(probs.shape[0], dtype=np.float32)
-    else:
-        raise ValueError(f"unknown algorithm {algorithm!r}")
-    return Proposal(tokens, conf.astype(np.float32), probs if keep_probs else None)
+    """Propose a token for each row and say how sure the model is about it (all on the host).
+
+    Temperature 0 is argmax; otherwise an inverse-CDF draw (one uniform per row) from
+    softmax(filtered logits / T). Confidence is measured on that processed distribution."""
+    spec = SampleSpec(temperature, top_k, top_p, draw_uniform(logits.shape[0], temperature, rng),
+                      margin=algorithm == "margin")
+    return proposal(spec.stats(logits), greedy=spec.uniform is None, algorithm=algorithm, rng=rng)
 
 
 def choose_top(confidence: np.ndarray, n: int, alg_temp: float, rng: np.random.Generator) -> np.ndarray:

@@ -8,33 +8,12 @@ DGCHAT_TEST_SDIST), and is skipped with that reason otherwise.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import tarfile
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load_build():
-    spec = importlib.util.spec_from_file_location("dgchat_engine_build", ROOT / "engine" / "build.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
-
-
-build = _load_build()
-
-
-def _local_sdist() -> Path | None:
-    for candidate in (os.environ.get("DGCHAT_TEST_SDIST"), build.default_cache_dir() / "sdist" / build.SDIST_NAME):
-        if candidate and Path(candidate).is_file():
-            return Path(candidate)
-    return None
-
+from fixtures.engine_build import ROOT, build, local_sdist as _local_sdist
 
 def test_version_and_patch_level_agree() -> None:
     assert build.LOCAL_VERSION == f"0.3.36+dgchat.{build.PATCH_LEVEL}"

@@ -13,7 +13,6 @@ source archive the device machine builds from) and the scripts tests/bench/gpu_c
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shlex
@@ -25,27 +24,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from fixtures.engine_build import ROOT, build, local_sdist as _local_sdist
+
 SCRIPTS = [ROOT / "tests" / "bench" / "gpu_check.sh", ROOT / "tests" / "bench" / "gpu_check_prepare.sh"]
 MAX_ARCHIVE_MB = 6  # 1.9 MB at patch level 3; the device tool carries 64 MiB in all, wheels included
-
-
-def _load_build():
-    spec = importlib.util.spec_from_file_location("dgchat_engine_build_slim", ROOT / "engine" / "build.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
-
-
-build = _load_build()
-
-
-def _local_sdist() -> Path | None:
-    for candidate in (os.environ.get("DGCHAT_TEST_SDIST"), build.default_cache_dir() / "sdist" / build.SDIST_NAME):
-        if candidate and Path(candidate).is_file():
-            return Path(candidate)
-    return None
 
 
 SDIST = _local_sdist()  # looked up at import: the tests themselves run with a temporary XDG_CACHE_HOME

@@ -172,6 +172,9 @@ def main() -> None:
     ap.add_argument("--n-gpu-layers", type=int, default=None, help="default: all when a GPU is available")
     ap.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                     help="extra DiffusionParams field for every run, e.g. sampler_on=host (repeatable)")
+    ap.add_argument("--host-steps", type=int, default=None, metavar="S",
+                    help="also run S steps with the sampler on the host (numpy), for the backend/host split side by "
+                         "side (costs the float32 token_embd copy: ~3 GB at the full vocabulary)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
     steps = [int(s) for s in args.steps.split(",") if s.strip()]
@@ -224,9 +227,15 @@ def run(path: Path, args: argparse.Namespace, steps: list[int]) -> dict[str, Any
                 print(f"warning: {rows[-1].configuration} ran {rows[-1].steps} steps", file=sys.stderr)
         ar = measure(engine, prompt, "autoregressive (--ar)", ar_params(args.ar_tokens, args.extra),
                      ar_params(min(args.ar_tokens, 4), args.extra))
+        rss_backend = peak_rss_mb()  # before any host-path run: the backend path never copies token_embd
+        if args.host_steps:  # last: it makes the engine build its float32 embedding copy
+            host = {**args.extra, "sampler_on": "host"}
+            rows.append(measure(engine, prompt, f"diffusion {args.host_steps} steps",
+                                diffusion_params(args.host_steps, canvas, host),
+                                diffusion_params(min(args.host_steps, 2), canvas, host)))
     print_table(rows, ar)
     peak = peak_rss_mb()
-    print(f"peak RSS {peak:.0f} MB (after loading {rss_loaded:.0f} MB)")
+    print(f"peak RSS {peak:.0f} MB (after loading {rss_loaded:.0f} MB; after the backend-path runs {rss_backend:.0f} MB)")
     # the writer's options only mean something when this run wrote the file
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                if k != "extra" and not (args.model and k in WRITER_OPTIONS)}
@@ -235,7 +244,8 @@ def run(path: Path, args: argparse.Namespace, steps: list[int]) -> dict[str, Any
     return {
         "model": str(path), "file": describe(path), "engine": asdict(info), "label": engine.label,
         "load_s": round(load_s, 3), "prompt_tokens": int(prompt.size), "canvas": canvas,
-        "peak_rss_mb": round(peak, 1), "rss_after_load_mb": round(rss_loaded, 1), "options": options,
+        "peak_rss_mb": round(peak, 1), "rss_after_load_mb": round(rss_loaded, 1),
+        "peak_rss_backend_runs_mb": round(rss_backend, 1), "options": options,
         "rows": [dict(asdict(r), tokens_per_s=round(r.tokens_per_s, 3),
                       ms_per_step=round(r.per_step_ms(r.elapsed_s), 3),
                       backend_ms_per_step=round(r.per_step_ms(r.model_s), 3),

@@ -15,12 +15,11 @@ the answers are identical (the CLI prints only the generated text; the fixture's
 each have a distinct text, so equal text means equal tokens). Runs alternate which side goes
 first; the summary gives the median ratio per thread count, since a shared machine is noisy.
 
-OpenMP's wait policy matters with several threads: dgchat sets OMP_WAIT_POLICY=PASSIVE when it is
-unset (model_backend/llamacpp.py), while the CLI runs with the environment this script was started
-with (libgomp's default spins for a while). Set OMP_WAIT_POLICY yourself to give both the same, or
-pass --libgomp-default to run reference mode with libgomp's default too, or --gomp-spincount N to
-run it with bounded spinning (OMP_WAIT_POLICY unset, GOMP_SPINCOUNT=N) while the CLI keeps the
-caller's environment.
+OpenMP's wait policy matters with several threads: dgchat sets GOMP_SPINCOUNT=2000 (a short bounded
+spin) when OMP_WAIT_POLICY is unset (model_backend/llamacpp.py), while the CLI runs with the
+environment this script was started with (libgomp's default spins for a long while). Set
+OMP_WAIT_POLICY yourself to give both the same, or pass --libgomp-default to run reference mode with
+libgomp's default too, or --gomp-spincount N for another bounded spin.
 """
 
 from __future__ import annotations
@@ -53,9 +52,10 @@ def _early_option(name: str) -> str | None:
 _SPIN = _early_option("--gomp-spincount")
 if _early_option("--libgomp-default") is not None or _SPIN:
     # libgomp reads its environment once, when it is loaded: load it (through llama_cpp) before
-    # dgchat sets OMP_WAIT_POLICY=PASSIVE, so reference mode runs with libgomp's spinning (bounded
-    # by GOMP_SPINCOUNT when given; libgomp ignores it once OMP_WAIT_POLICY is set)
+    # dgchat sets its bounded spin, so reference mode runs with libgomp's default spinning (or the
+    # given GOMP_SPINCOUNT; libgomp ignores it once OMP_WAIT_POLICY is set)
     os.environ.pop("OMP_WAIT_POLICY", None)
+    os.environ.pop("GOMP_SPINCOUNT", None)
     if _SPIN:
         os.environ["GOMP_SPINCOUNT"] = _SPIN
     import llama_cpp  # noqa: F401
@@ -150,7 +150,7 @@ def main() -> None:
     ap.add_argument("--chain", default="auto", choices=reference_sampler.CHAINS,
                     help="reference mode's sampler chain (numpy: the re-implementation, for comparison)")
     ap.add_argument("--libgomp-default", action="store_true",
-                    help="run reference mode with libgomp's default wait policy instead of dgchat's PASSIVE")
+                    help="run reference mode with libgomp's default wait policy instead of dgchat's bounded spin")
     ap.add_argument("--gomp-spincount", metavar="N",
                     help="run reference mode with OMP_WAIT_POLICY unset and GOMP_SPINCOUNT=N (bounded spinning)")
     a = ap.parse_args()

@@ -1,10 +1,11 @@
-"""How a denoising step's time splits between llama.cpp and the Python sampler.
+"""How a denoising step's time splits between llama.cpp (the backend) and Python (the host).
 
 Canvas 256, prompt 64 tokens, on the test fixture models (built here) or the given GGUFs (the
-bundled model: `--model assets/dgchat-tiny-plays.gguf`), for each sampler mode.
+bundled model: `--model assets/dgchat-tiny-plays.gguf`), for each sampler mode, with the
+vocabulary-wide sampler work on the backend (dgchat's engine) and on the host (numpy) side by side.
 Prints one table; the numbers are ratios from one run on this machine (time is noisy, shares are not).
 
-    python tests/bench/bench_step_split.py [--model PATH ...] [--steps N]
+    python tests/bench/bench_step_split.py [--model PATH ...] [--steps N] [--threads N]
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--canvas", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
     models = [Path(m) for m in args.model]
     tmp = Path(tempfile.mkdtemp())
@@ -50,21 +52,31 @@ def main() -> None:
             write_tiny_gguf(tmp / "fixture-llada-wide.gguf",
                             TinySpec(arch="llada", n_embd=256, n_layer=4, n_head=8, n_head_kv=4, n_ff=768)),
         ]
-    print(f"canvas {args.canvas}, prompt {args.prompt_tokens} tokens, {args.steps} steps")
-    print(f"{'model':28} {'configuration':32} {'ms/step':>8} {'llama.cpp':>10} {'sampler':>8} {'share':>6}")
+    print(f"canvas {args.canvas}, prompt {args.prompt_tokens} tokens, {args.steps} steps; backend = llama.cpp, "
+          "host = Python; 'sampler on' = where the vocabulary-wide part of a step runs")
+    print(f"{'model':28} {'configuration':32} {'sampler on':>10} {'ms/step':>8} {'backend':>8} {'host':>7} "
+          f"{'host share':>10} {'vs host':>7}")
     for path in models:
-        with DiffusionEngine.load(path) as engine:
+        with DiffusionEngine.load(path, n_threads=args.threads) as engine:
             words = engine.encode("Halt, traveller! None may pass the gate after dark. " * 20)
             prompt = words[: args.prompt_tokens]
+            places = ("host", "backend") if engine.backend_sampler else ("host",)
             for name, cfg in (UNIFORM_CONFIGS if engine.info.uniform_state else CONFIGS).items():
-                params = DiffusionParams(steps=args.steps, gen_length=args.canvas, max_tokens=args.canvas,
-                                         early_stop=False, **cfg)
-                # warm-up run, then the measured one
-                for _ in range(2):
-                    final = [e for e in engine.generate(prompt, params) if isinstance(e, FinalEvent)][0]
-                s = final.stats
-                print(f"{path.stem[:28]:28} {name:32} {s.ms_per_step:8.2f} {1000 * s.model_s / s.steps:10.2f} "
-                      f"{1000 * s.sampler_s / s.steps:8.2f} {100 * s.sampler_share:5.1f}%")
+                host_ms = None
+                for where in places:
+                    if cfg.get("mode") == "reference" and where == "backend":
+                        continue  # reference mode samples on the host, as llama.cpp's example does
+                    params = DiffusionParams(steps=args.steps, gen_length=args.canvas, max_tokens=args.canvas,
+                                             early_stop=False, confidence_threshold=-1.0, sampler_on=where, **cfg)
+                    # warm-up run, then the measured one
+                    for _ in range(2):
+                        final = [e for e in engine.generate(prompt, params) if isinstance(e, FinalEvent)][0]
+                    s = final.stats
+                    host_ms = s.ms_per_step if where == "host" else host_ms
+                    speedup = f"{host_ms / s.ms_per_step:6.2f}x" if host_ms else "      -"
+                    print(f"{path.stem[:28]:28} {name:32} {s.sampler_on:>10} {s.ms_per_step:8.2f} "
+                          f"{1000 * s.model_s / s.steps:8.2f} {1000 * s.sampler_s / s.steps:7.2f} "
+                          f"{100 * s.sampler_share:9.1f}% {speedup}")
 
 
 if __name__ == "__main__":

@@ -256,7 +256,6 @@ def _bind_head():
         return None
     sigs = {
         "llama_dgchat_head_init": (ctypes.c_int32, [ctypes.c_void_p, ctypes.POINTER(_HeadParams)]),
-        "llama_dgchat_head_free": (None, [ctypes.c_void_p]),
         "llama_dgchat_head_set_bias": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32]),
         "llama_dgchat_head_prepare": (ctypes.c_int32, [ctypes.c_void_p, ctypes.POINTER(_HeadBatch)]),
         "llama_dgchat_head_results": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32)]),
@@ -311,7 +310,7 @@ class HeadRequest:
     top_p: float = 1.0
     margin: bool = False
     bias_row: np.ndarray | None = None  # int32: row of the bias table per output row
-    sc_write: np.ndarray | None = None  # int32: self-conditioning slot each row writes (1: discard)
+    sc_write: np.ndarray | None = None  # int32: self-conditioning slot each row writes (None: no signal)
     sc_read: np.ndarray | None = None  # int32 per batch token: the slot its decoder input reads (0: none)
     keep_logits: bool = False  # also return the logits: (RowStats, logits) (tests compare with the host)
 
@@ -604,6 +603,7 @@ class LlamaContext:
         self.n_decodes = 0
         self._head_setup: HeadSetup | None = None
         self._head_bias_key: bytes | None = None
+        self._head_bias_table: np.ndarray | None = None
 
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
@@ -667,13 +667,17 @@ class LlamaContext:
             p.w_type = _GGML_TYPES["f32"]
             p.pre_norm, p.gate, p.up, p.down = (a.ctypes.data for a in arrays)
         self._head_setup = None
-        self._head_bias_key = None
+        self._head_bias_key = self._head_bias_table = None
         if _HEAD["init"](self._ptr, ctypes.byref(p)) != 0:
             raise EngineError(f"could not set up the diffusion head: {_last_error_line() or 'llama.cpp refused it'}")
         self._head_setup = setup
 
     def set_head_bias(self, table: np.ndarray | None) -> None:
-        """The additive logit bias rows the head's requests index (`bias_row`); None: no bias."""
+        """The additive logit bias rows the head's requests index (`bias_row`); None: no bias.
+        Uploaded only when it changed (the same array object is taken as unchanged)."""
+        if table is self._head_bias_table:
+            return
+        self._head_bias_table = table
         table = None if table is None or table.size == 0 else np.ascontiguousarray(table, dtype=np.float32)
         key = b"" if table is None else table.tobytes()
         if key == self._head_bias_key:

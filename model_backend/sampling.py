@@ -97,22 +97,28 @@ class SampleSpec:
         return replace(stats, host_s=time.perf_counter() - t0)
 
 
+_BIAS_TABLES: dict[tuple, np.ndarray] = {}  # the last few tables: a generation asks for the same one every step
+
+
 def bias_table(specs: Sequence[SampleSpec], n_vocab: int) -> tuple[np.ndarray | None, np.ndarray]:
     """The distinct logit biases of a batch's requests as dense rows, and each request's row
-    (None and zeros when no request has a bias)."""
-    keys: dict[bytes, int] = {}
-    rows: list[np.ndarray] = []
-    index = np.zeros(len(specs), dtype=np.int32)
-    if not any(spec.bias_ids.size for spec in specs):
-        return None, index
-    for i, spec in enumerate(specs):
-        key = spec.bias_ids.tobytes() + b"|" + spec.bias_values.tobytes()
-        if key not in keys:
-            keys[key] = len(rows)
-            row = spec.bias_row(n_vocab)
-            rows.append(row if row is not None else np.zeros(n_vocab, dtype=np.float32))
-        index[i] = keys[key]
-    return np.stack(rows), index
+    (None and zeros when no request has a bias). The same biases give the same (read-only) array."""
+    keys = [(spec.bias_ids.tobytes(), spec.bias_values.tobytes()) for spec in specs]
+    if not any(ids for ids, _ in keys):
+        return None, np.zeros(len(specs), dtype=np.int32)
+    distinct = list(dict.fromkeys(keys))
+    index = np.array([distinct.index(k) for k in keys], dtype=np.int32)
+    cache_key = (n_vocab, tuple(distinct))
+    table = _BIAS_TABLES.get(cache_key)
+    if table is None:
+        first = {k: spec for k, spec in zip(keys, specs)}
+        rows = [first[k].bias_row(n_vocab) for k in distinct]
+        table = np.stack([r if r is not None else np.zeros(n_vocab, dtype=np.float32) for r in rows])
+        table.flags.writeable = False
+        if len(_BIAS_TABLES) >= 8:
+            _BIAS_TABLES.clear()
+        _BIAS_TABLES[cache_key] = table
+    return table, index
 
 
 def filter_top_k(logits: np.ndarray, k: int) -> np.ndarray:

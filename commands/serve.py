@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 
 from dgchat.commands.common import add_common, add_model_args, resolve_model_path
 from dgchat.server import DEFAULT_PORT  # the server itself is imported when the command runs
@@ -24,9 +23,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free port)")
-    p.add_argument("--token", default=os.environ.get(TOKEN_ENV) or None,
-                   help=f"require `Authorization: Bearer TOKEN` on every request (default: ${TOKEN_ENV}); "
-                        "required when --host is not a loopback address")
+    tokens = p.add_mutually_exclusive_group()
+    tokens.add_argument("--token", default=None,
+                        help=f"require `Authorization: Bearer TOKEN` on every request; required when --host is not "
+                             f"a loopback address. Visible to other users in `ps`: prefer --token-file or "
+                             f"${TOKEN_ENV}")
+    tokens.add_argument("--token-file", metavar="PATH",
+                        help=f"read the token from this file (its first line; default: ${TOKEN_ENV})")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="also accept requests whose Host header names NAME (besides loopback names and the bound "
+                        "address; '*': any). Guards against DNS rebinding")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let web pages from ORIGIN (e.g. http://localhost:3000) call the API; requests from any "
+                        "other page are refused")
     p.add_argument("--max-queue", type=int, default=8, metavar="N",
                    help="requests that may wait behind the running one; more get 429 (default 8)")
     p.add_argument("--max-body", type=int, default=1 << 20, metavar="BYTES",
@@ -38,12 +47,36 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no access log")
 
 
+def _token(args: argparse.Namespace) -> str | None:
+    """--token, else --token-file's first line, else $DGCHAT_API_TOKEN."""
+    from dgchat.model_backend.errors import InvalidParameterError
+    from dgchat.server.logs import write_stderr
+
+    if args.token is not None:
+        write_stderr(f"dgchat serve: warning: --token is visible to other users of this machine (`ps`); "
+                     f"prefer --token-file PATH or ${TOKEN_ENV}")
+        return args.token
+    if args.token_file is not None:
+        try:
+            with open(args.token_file, encoding="utf-8") as f:
+                token = f.readline().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InvalidParameterError(f"cannot read --token-file {args.token_file}: "
+                                        f"{getattr(exc, 'strerror', None) or exc}") from None
+        if not token:
+            raise InvalidParameterError(f"--token-file {args.token_file} is empty")
+        return token
+    return os.environ.get(TOKEN_ENV) or None
+
+
 def run(args: argparse.Namespace) -> int:
     from dgchat.server.app import ServeConfig
+    from dgchat.server.logs import write_stderr
 
-    config = ServeConfig(host=args.host, port=args.port, token=args.token, max_body=args.max_body,
+    config = ServeConfig(host=args.host, port=args.port, token=_token(args), max_body=args.max_body,
                          max_queue=args.max_queue, model_id=args.model_id,
-                         cards=tuple(args.cards) if args.cards else None, quiet=args.quiet)
+                         cards=tuple(args.cards) if args.cards else None, quiet=args.quiet,
+                         allow_hosts=tuple(args.allow_host), allow_origins=tuple(args.allow_origin))
     config.validate()  # before loading the model: a refused --host costs nothing
 
     from dgchat.model_backend import llamacpp
@@ -57,8 +90,7 @@ def run(args: argparse.Namespace) -> int:
 
     def ready(server) -> None:
         auth = "token required" if config.token else "no token"
-        sys.stderr.write(f"dgchat serve: {server.model_id} on {server.url}/v1 ({auth}); Ctrl-C stops\n")
-        sys.stderr.flush()
+        write_stderr(f"dgchat serve: {server.model_id} on {server.url}/v1 ({auth}); Ctrl-C stops")
 
     try:
         stopped_cleanly = asyncio.run(serve(engine, config, ready=ready))
@@ -70,5 +102,5 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if stopped_cleanly:
             engine.close()  # otherwise the worker may still be inside llama.cpp: the process exit frees it
-    sys.stderr.write("dgchat serve: stopped\n")
+    write_stderr("dgchat serve: stopped")  # stderr may be gone by now: never raises
     return 0

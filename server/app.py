@@ -1,36 +1,50 @@
-"""The HTTP server: routes, authentication, limits, the queue, streaming, graceful shutdown."""
+"""The API server: routes, the engine worker and its queue, cancellation, graceful shutdown.
+
+HTTP is uvicorn (h11's parser, protocol.py's deadlines) running the Starlette app of asgi.py; this
+module holds what the routes do. One worker thread owns the engine (service.py): the event loop
+never generates, one request generates at a time, `max_queue` wait, the rest get 429.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import ipaddress
+import contextlib
 import secrets
-import sys
+import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import uvicorn
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
 from dgchat import __version__
 from dgchat.model_backend.errors import DgchatError, EngineError, GenerationCancelled, InvalidParameterError
 from dgchat.model_backend.params import DiffusionParams
-from dgchat.server import openai_api
-from dgchat.server.http import (
-    STREAM_LIMIT,
+from dgchat.server import DEFAULT_PORT, openai_api
+from dgchat.server.asgi import (
+    SSE_DONE,
     EventStream,
-    HttpError,
-    Request,
-    content_length,
+    build_app,
+    error_response,
+    is_loopback,
     json_response,
-    read_body,
-    read_head,
+    read_json,
+    set_log_status,
+    sse,
+    wait_for_disconnect,
 )
+from dgchat.server.errors import ApiError
+from dgchat.server.logs import escape, quiet_uvicorn, write_stderr
+from dgchat.server.protocol import protocol_class
 from dgchat.server.service import GenerationService, Job, QueueFull, ShuttingDown
 
-from dgchat.server import DEFAULT_PORT
+MAX_HEAD = 32 * 1024  # request line + headers; more is answered 431
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,8 @@ class ServeConfig:
     quiet: bool = False
     grace: float = 5.0  # seconds in-flight requests get at shutdown
     max_connections: int = 64  # open connections; more are answered 503 and closed
+    allow_hosts: tuple[str, ...] = ()  # Host names accepted besides loopback and the bound address ("*": any)
+    allow_origins: tuple[str, ...] = ()  # browser Origins allowed to call the API ("*": any page)
 
     def validate(self) -> None:
         if not is_loopback(self.host) and not self.token:
@@ -54,8 +70,19 @@ class ServeConfig:
                 f"--host {self.host} is not a loopback address: anyone who can reach it could use the model; "
                 "give --token (every request must then send `Authorization: Bearer TOKEN`)"
             )
-        if self.token is not None and len(self.token) < 8:
-            raise InvalidParameterError("--token must be at least 8 characters")
+        if self.token is not None:
+            if len(self.token) < 8:
+                raise InvalidParameterError("--token must be at least 8 characters")
+            if not all("!" <= c <= "~" for c in self.token):
+                raise InvalidParameterError("the token must be printable ASCII without spaces")
+        if "*" in self.allow_origins and not self.token:
+            raise InvalidParameterError("--allow-origin '*' lets every web page you open use the model; give --token")
+        for origin in self.allow_origins:
+            scheme, sep, rest = origin.partition("://")
+            if origin not in ("*", "null") and not (sep and scheme in ("http", "https") and rest
+                                                     and "/" not in rest.rstrip("/")):
+                raise InvalidParameterError(f"--allow-origin takes an origin such as http://localhost:3000 "
+                                            f"(got {origin!r})")
         if not 0 <= self.port <= 65535:
             raise InvalidParameterError(f"--port must be 0..65535 (got {self.port})")
         if self.max_body < 1024:
@@ -64,16 +91,41 @@ class ServeConfig:
             raise InvalidParameterError("--max-queue must be >= 0")
 
 
-def is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
+def _bind(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets for every address `host` resolves to (one port for all of them). Bound here,
+    not by uvicorn, so a busy port is an OSError for the caller (uvicorn would sys.exit) and port 0
+    is known before the server starts."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    socks: list[socket.socket] = []
+    seen = set()
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+        for family, kind, proto, _name, addr in infos:
+            if (family, addr[:2]) in seen:
+                continue
+            seen.add((family, addr[:2]))
+            s = socket.socket(family, kind, proto)
+            socks.append(s)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(socks) > 1:
+                addr = (addr[0], socks[0].getsockname()[1], *addr[2:])
+            s.bind(addr)
+            s.listen(128)
+            s.setblocking(False)
+    except BaseException:
+        for s in socks:
+            s.close()
+        raise
+    return socks
 
 
-Handler = Callable[[Request, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[bool]]
+class _Uvicorn(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # dgchat handles SIGINT/SIGTERM itself (`serve`): the first stops gracefully, the second at
+        # once, and nothing is re-raised afterwards; ServerThread runs without signals at all
+        yield
 
 
 class ApiServer:
@@ -84,27 +136,48 @@ class ApiServer:
         self.model_id = config.model_id or Path(engine.path).stem
         self.created = int(Path(engine.path).stat().st_mtime)
         self.service = GenerationService(engine, max_queue=config.max_queue)
-        self._server: asyncio.base_events.Server | None = None
-        self._connections: dict[asyncio.Task, bool] = {}  # task -> busy (handling a request)
+        self._uvicorn: _Uvicorn | None = None
+        self._serving: asyncio.Task | None = None
         self._stopping = False
         self._stopped = asyncio.Event()
         self._npc = None
         self._npc_lock = threading.Lock()
         self.address: tuple[str, int] | None = None
-        self._routes: dict[str, dict[str, Handler]] = {
-            "/v1/models": {"GET": self._models},
-            "/v1/chat/completions": {"POST": self._chat},
-            "/v1/completions": {"POST": self._completions},
-            "/v1/infill": {"POST": self._infill},
-            "/health": {"GET": self._health},
-        }
+        self.max_head = MAX_HEAD
+        self.app = build_app(self, [
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/v1/models/{model_id:path}", self._model, methods=["GET"]),
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/completions", self._completions, methods=["POST"]),
+            Route("/v1/infill", self._infill, methods=["POST"]),
+            Route("/health", self._health, methods=["GET"]),
+        ])
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> tuple[str, int]:
-        self._server = await asyncio.start_server(self._connection, self.config.host, self.config.port,
-                                                  limit=STREAM_LIMIT)
-        sock = self._server.sockets[0].getsockname()
+        c = self.config
+        sockets = _bind(c.host, c.port)
+        quiet_uvicorn()
+        uv_config = uvicorn.Config(
+            self.app, http=protocol_class(head_timeout=c.header_timeout, max_connections=c.max_connections,
+                                          max_head=MAX_HEAD, log=self.log),
+            ws="none", lifespan="off", interface="asgi3", log_config=None, access_log=False,
+            proxy_headers=False, server_header=False,  # X-Forwarded-For is not trusted; no banner
+            timeout_keep_alive=c.header_timeout,  # type: ignore[arg-type]  (a float works)
+            timeout_graceful_shutdown=c.grace,  # type: ignore[arg-type]
+            h11_max_incomplete_event_size=MAX_HEAD,
+            # a backstop: protocol.py refuses connections over the cap when they open
+            limit_concurrency=c.max_connections + 1,
+        )
+        self._uvicorn = _Uvicorn(uv_config)
+        sock = sockets[0].getsockname()
         self.address = (sock[0], sock[1])
+        self._serving = asyncio.create_task(self._uvicorn.serve(sockets=sockets))
+        while not self._uvicorn.started:  # startup is quick: the sockets are already bound
+            if self._serving.done():
+                self._serving.result()  # raises what went wrong
+                raise RuntimeError("uvicorn stopped while starting")
+            await asyncio.sleep(0.01)
         return self.address
 
     @property
@@ -117,137 +190,35 @@ class ApiServer:
         """Stop accepting, refuse queued requests (503), cancel the running generation, give
         in-flight responses `grace` seconds to finish, then close every connection."""
         if self._stopping:
+            await self._stopped.wait()
             return
         self._stopping = True
-        if self._server is not None:
-            self._server.close()
         self.service.close(cancel_running=True)
-        for task, busy in list(self._connections.items()):
-            if not busy:
-                task.cancel()  # idle keep-alive connections: nothing to finish
-        pending = [t for t in self._connections]
-        if pending:
-            _done, still = await asyncio.wait(pending, timeout=self.config.grace)
-            for task in still:
-                task.cancel()
-            if still:
-                await asyncio.wait(still, timeout=1.0)
-        if self._server is not None:
-            await self._server.wait_closed()
+        if self._uvicorn is not None and self._serving is not None:
+            self._uvicorn.should_exit = True
+            done, _ = await asyncio.wait({self._serving}, timeout=self.config.grace + 5.0)
+            if not done:
+                self.force_stop()
+                await asyncio.wait({self._serving}, timeout=2.0)
+            if self._serving.done() and not self._serving.cancelled() and self._serving.exception() is not None:
+                exc = self._serving.exception()
+                self.log(f"the HTTP server failed: {type(exc).__name__}: {exc}")
         self._stopped.set()
+
+    def force_stop(self) -> None:
+        """Stop at once (a second Ctrl-C): cancel every request still being answered."""
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+            self._uvicorn.force_exit = True
+            for task in list(self._uvicorn.server_state.tasks):
+                task.cancel()
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
 
     def log(self, message: str) -> None:
         if not self.config.quiet:
-            sys.stderr.write(f"dgchat serve: {message}\n")
-            sys.stderr.flush()
-
-    # -- connections --------------------------------------------------------------------------
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        if len(self._connections) >= self.config.max_connections:
-            await self._send_error(writer, HttpError(503, "too many open connections; retry shortly",
-                                                     type="server_error", code="too_many_connections",
-                                                     headers={"Retry-After": "1"}), keep_alive=False)
-            writer.close()
-            return
-        self._connections[task] = False
-        peer = writer.get_extra_info("peername")
-        client = peer[0] if isinstance(peer, tuple) else "?"
-        try:
-            while not self._stopping:
-                try:
-                    request = await asyncio.wait_for(read_head(reader), self.config.header_timeout)
-                except (EOFError, TimeoutError, ConnectionError):
-                    break
-                except HttpError as exc:
-                    await self._send_error(writer, exc, keep_alive=False)
-                    self.log(f"{client} - {exc.status} {exc.message}")
-                    break
-                request.client = client
-                self._connections[task] = True
-                try:
-                    keep = await self._handle(request, reader, writer)
-                finally:
-                    self._connections[task] = False
-                if not keep or not request.keep_alive:
-                    break
-        except (ConnectionError, asyncio.CancelledError):
-            pass
-        finally:
-            self._connections.pop(task, None)
-            try:
-                writer.close()
-                await asyncio.wait_for(writer.wait_closed(), 2.0)
-            except (ConnectionError, TimeoutError, asyncio.CancelledError, OSError):
-                pass
-
-    async def _send_error(self, writer: asyncio.StreamWriter, exc: HttpError, *, keep_alive: bool) -> None:
-        try:
-            writer.write(json_response(exc.status, exc.body(), keep_alive=keep_alive and not exc.close,
-                                       headers=exc.headers))
-            await writer.drain()
-        except (ConnectionError, OSError):
-            pass
-
-    async def _handle(self, request: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        t0 = time.perf_counter()
-        status = 200
-        try:
-            self._authorize(request)
-            methods = self._routes.get(request.path.rstrip("/") or "/")
-            handler = methods.get(request.method) if methods else None
-            if methods is None and request.path.startswith("/v1/models/"):
-                methods, handler = {"GET": self._model}, self._model if request.method == "GET" else None
-            if methods is None:
-                raise HttpError(404, f"no route {request.method} {request.path}", code="not_found")
-            if handler is None:
-                raise HttpError(405, f"{request.path} takes {', '.join(methods)}, not {request.method}",
-                                code="method_not_allowed", headers={"Allow": ", ".join(methods)})
-            length = content_length(request)
-            if length > self.config.max_body:
-                raise HttpError(413, f"request body of {length} bytes is over the limit of {self.config.max_body}",
-                                code="request_too_large", close=True)
-            try:
-                await asyncio.wait_for(read_body(reader, writer, request, length), self.config.body_timeout)
-            except TimeoutError:
-                raise HttpError(408, "the request body did not arrive in time", close=True) from None
-            request.extras["body_read"] = True
-            keep = await handler(request, reader, writer)
-            status = request.extras.get("status", 200)
-            return keep and not self._stopping
-        except (ConnectionError, asyncio.CancelledError):
-            status = 499
-            raise
-        except HttpError as exc:
-            status = exc.status
-            # a body left unread would be taken for the next request: close instead
-            unread = not request.extras.get("body_read") and request.header("content-length", "0") not in ("", "0")
-            if unread or "transfer-encoding" in request.headers:
-                exc.close = True
-            await self._send_error(writer, exc, keep_alive=request.keep_alive and not self._stopping)
-            return not exc.close
-        except Exception as exc:  # noqa: BLE001 - a bug must not kill the connection silently
-            status = 500
-            self.log(f"internal error: {type(exc).__name__}: {exc}")
-            err = HttpError(500, f"internal error: {type(exc).__name__}", type="server_error", close=True)
-            await self._send_error(writer, err, keep_alive=False)
-            return False
-        finally:
-            self.log(f"{request.client} {request.method} {request.path} {status} {time.perf_counter() - t0:.2f}s")
-
-    def _authorize(self, request: Request) -> None:
-        token = self.config.token
-        if not token:
-            return
-        scheme, _, given = request.header("authorization").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
-            raise HttpError(401, "missing or wrong API token: send `Authorization: Bearer TOKEN`",
-                            type="authentication_error", code="invalid_api_key",
-                            headers={"WWW-Authenticate": 'Bearer realm="dgchat"'}, close=True)
+            write_stderr(f"dgchat serve: {escape(message)}")
 
     # -- simple routes ------------------------------------------------------------------------
     def _model_object(self) -> dict[str, Any]:
@@ -255,89 +226,92 @@ class ApiServer:
                 "dgchat": {"architecture": self.engine.info.architecture, "context_length": int(self.engine.n_ctx_max),
                            "engine": self.engine.label}}
 
-    async def _models(self, request: Request, reader, writer) -> bool:
-        return await self._json(writer, request, {"object": "list", "data": [self._model_object()]})
+    async def _models(self, request: Request) -> Response:
+        return json_response({"object": "list", "data": [self._model_object()]})
 
-    async def _model(self, request: Request, reader, writer) -> bool:
-        wanted = request.path[len("/v1/models/"):]
+    async def _model(self, request: Request) -> Response:
+        wanted = request.path_params["model_id"]
         if wanted != self.model_id:
-            raise HttpError(404, f"no model {wanted!r}; this server has {self.model_id!r}", code="model_not_found")
-        return await self._json(writer, request, self._model_object())
+            raise ApiError(404, f"no model {escape(wanted, 200)!r}; this server has {self.model_id!r}",
+                           code="model_not_found")
+        return json_response(self._model_object())
 
-    async def _health(self, request: Request, reader, writer) -> bool:
-        return await self._json(writer, request, {"status": "ok", "model": self.model_id, **self.service.status()})
-
-    async def _json(self, writer: asyncio.StreamWriter, request: Request, obj: Any, status: int = 200) -> bool:
-        request.extras["status"] = status
-        writer.write(json_response(status, obj, keep_alive=request.keep_alive and not self._stopping))
-        await writer.drain()
-        return True
+    async def _health(self, request: Request) -> Response:
+        return json_response({"status": "ok", "model": self.model_id, **self.service.status()})
 
     # -- generation routes --------------------------------------------------------------------
+    async def _body(self, request: Request) -> Any:
+        return await read_json(request, self.config.max_body, self.config.body_timeout)
+
     async def _off_loop(self, fn: Callable[[], Any]) -> Any:
         """Run request preparation (tokenization, validation) on a helper thread."""
         try:
             return await asyncio.get_running_loop().run_in_executor(None, fn)
-        except HttpError:
+        except ApiError:
             raise
         except DgchatError as exc:
-            raise HttpError(400, str(exc), code="invalid_parameter") from None
+            raise ApiError(400, str(exc), code="invalid_parameter") from None
 
     def _submit(self, fn) -> Job:
         if self._stopping:
-            raise HttpError(503, "the server is shutting down", type="server_error", code="shutting_down")
+            raise ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
         try:
             return self.service.submit(fn)
         except QueueFull:
-            raise HttpError(429, f"the server is busy: {self.config.max_queue} requests are already waiting; "
-                                 "retry shortly", type="rate_limit_error", code="queue_full",
-                            headers={"Retry-After": "1"}) from None
+            raise ApiError(429, f"the server is busy: {self.config.max_queue} requests are already waiting; "
+                                "retry shortly", type="rate_limit_error", code="queue_full",
+                           headers={"Retry-After": "1"}) from None
         except ShuttingDown:
-            raise HttpError(503, "the server is shutting down", type="server_error", code="shutting_down") from None
+            raise ApiError(503, "the server is shutting down", type="server_error", code="shutting_down") from None
 
-    def _job_error(self, exc: BaseException) -> HttpError:
+    def _job_error(self, exc: BaseException) -> ApiError:
+        if isinstance(exc, ApiError):
+            return exc
         if isinstance(exc, ShuttingDown) or (isinstance(exc, GenerationCancelled) and self._stopping):
-            return HttpError(503, "the server is shutting down", type="server_error", code="shutting_down")
+            return ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
         if isinstance(exc, GenerationCancelled):
-            return HttpError(499, "the request was cancelled", type="server_error", code="cancelled")
+            return ApiError(499, "the request was cancelled", type="server_error", code="cancelled")
         if isinstance(exc, EngineError):
-            return HttpError(500, str(exc), type="server_error", code="engine_error")
+            return ApiError(500, str(exc), type="server_error", code="engine_error")
         if isinstance(exc, DgchatError):
-            return HttpError(400, str(exc), code="invalid_parameter")
-        return HttpError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
+            return ApiError(400, str(exc), code="invalid_parameter")
+        self.log(f"internal error in a generation: {type(exc).__name__}: {exc}")
+        return ApiError(500, f"internal error: {type(exc).__name__}", type="server_error")
 
-    async def _watch_disconnect(self, reader: asyncio.StreamReader, job: Job, request: Request) -> None:
-        """Cancel the job when the client closes its connection while waiting for the answer."""
-        try:
-            data = await reader.read(1)
-        except (ConnectionError, OSError):
-            data = b""
-        if not data:
+    @contextlib.asynccontextmanager
+    async def _cancel_on_disconnect(self, request: Request, job: Job) -> AsyncIterator[None]:
+        """While the body is waited for, a client that hangs up cancels its job: a queued one leaves
+        the queue at once, a running one stops within a denoising step."""
+        async def watch() -> None:
+            await wait_for_disconnect(request.receive)
+            set_log_status(request, 499)
             self.service.cancel(job)
-        else:
-            request.keep_alive = False  # a pipelined request: we took a byte of it; close after answering
 
-    async def _run_job(self, request: Request, reader, job: Job, on_event=None) -> Any:
-        watcher = asyncio.create_task(self._watch_disconnect(reader, job, request))
+        watcher = asyncio.create_task(watch())
         try:
-            async for event in job.stream():
-                if on_event is not None:
-                    await on_event(event)
-            return job.result
+            yield
         finally:
             watcher.cancel()
+
+    async def _run_job(self, request: Request, job: Job) -> Any:
+        try:
+            async with self._cancel_on_disconnect(request, job):
+                return await job.wait()
+        except Exception as exc:  # noqa: BLE001 - every failure of the job becomes an API error
+            raise self._job_error(exc) from None
+        finally:
             if not job.finished:
                 self.service.cancel(job)
 
-    async def _chat(self, request: Request, reader, writer) -> bool:
-        body = request.json()
+    async def _chat(self, request: Request) -> Response:
+        body = await self._body(request)
         plan = await self._off_loop(lambda: openai_api.prepare_chat(body, self.engine))
-        return await self._generate(request, reader, writer, plan, "chat.completion", "chatcmpl")
+        return await self._generate(request, plan, "chat.completion", "chatcmpl")
 
-    async def _completions(self, request: Request, reader, writer) -> bool:
-        body = request.json()
+    async def _completions(self, request: Request) -> Response:
+        body = await self._body(request)
         plan = await self._off_loop(lambda: openai_api.prepare_completion(body, self.engine))
-        return await self._generate(request, reader, writer, plan, "text_completion", "cmpl")
+        return await self._generate(request, plan, "text_completion", "cmpl")
 
     def _usage(self, plan, results) -> dict[str, int]:
         completion = sum(r.completion_tokens for r in results)
@@ -350,31 +324,34 @@ class ApiServer:
         settings.pop("seed", None)
         return {"seed": plan.seed, "settings": settings}
 
-    async def _generate(self, request: Request, reader, writer, plan, obj: str, prefix: str) -> bool:
+    async def _generate(self, request: Request, plan, obj: str, prefix: str) -> Response:
         cid = f"{prefix}-{secrets.token_hex(12)}"
-        created = int(time.time())
-        head = {"id": cid, "created": created, "model": self.model_id, "system_fingerprint": f"dgchat-{__version__}"}
+        head = {"id": cid, "created": int(time.time()), "model": self.model_id,
+                "system_fingerprint": f"dgchat-{__version__}"}
         chat = plan.kind == "chat"
         if not plan.stream:
             job = self._submit(lambda engine, cancel, emit: openai_api.run_plan(plan, engine, cancel, None))
-            try:
-                results = await self._run_job(request, reader, job)
-            except Exception as exc:  # noqa: BLE001
-                raise self._job_error(exc) from None
+            results = await self._run_job(request, job)
             if chat:
                 choices = [{"index": r.index, "message": {"role": "assistant", "content": r.text},
                             "finish_reason": r.finish_reason, "logprobs": None} for r in results]
             else:
                 choices = [{"index": r.index, "text": plan.echo + r.text, "finish_reason": r.finish_reason,
                             "logprobs": None} for r in results]
-            body = {**head, "object": obj, "choices": choices, "usage": self._usage(plan, results),
-                    "dgchat": self._extension(plan) | {"stats": [r.stats for r in results]}}
-            return await self._json(writer, request, body)
+            return json_response({**head, "object": obj, "choices": choices, "usage": self._usage(plan, results),
+                                  "dgchat": self._extension(plan) | {"stats": [r.stats for r in results]}})
 
         # streaming: the response starts when the job does, so a full queue is still a 429 and a
         # request refused at shutdown still a 503
         job = self._submit(lambda engine, cancel, emit: openai_api.run_plan(plan, engine, cancel, emit))
-        stream = EventStream(writer, request.keep_alive and not self._stopping, request.version)
+        events = job.stream()
+        try:
+            async with self._cancel_on_disconnect(request, job):
+                await anext(events)  # ("start",): the worker has begun this job
+        except Exception as exc:  # noqa: BLE001
+            if not job.finished:
+                self.service.cancel(job)
+            return error_response(self._job_error(exc), request.scope)
         chunk_obj = obj + ".chunk" if chat else obj
 
         def chunk(index: int, delta: str | None, finish: str | None = None, role: bool = False) -> dict[str, Any]:
@@ -386,53 +363,41 @@ class ApiServer:
                 choice = {"index": index, "text": delta or "", "finish_reason": finish, "logprobs": None}
             return {**head, "object": chunk_obj, "choices": [choice]}
 
-        async def begin() -> None:
-            await stream.start()
+        async def stream() -> AsyncIterator[bytes]:
             for i in range(plan.n):
                 if not chat and not plan.echo:
                     continue
                 first = chunk(i, None, role=True) if chat else chunk(i, plan.echo)
                 if i == 0:
                     first["dgchat"] = self._extension(plan)
-                await stream.send(first)
-
-        async def on_event(event) -> None:
-            if not stream.started:
-                await begin()
-            if event[0] != "delta":
-                return
-            _kind, index, delta, canvas = event
-            c = chunk(index, delta)
-            if canvas is not None:
-                c["dgchat"] = canvas
-            await stream.send(c)
-
-        try:
-            results = await self._run_job(request, reader, job, on_event)
-            if not stream.started:
-                await begin()
-            for r in results:
-                await stream.send(chunk(r.index, None, r.finish_reason))
-            if plan.include_usage:
-                await stream.send({**head, "object": chunk_obj, "choices": [], "usage": self._usage(plan, results)})
-            await stream.done()
-            request.extras["status"] = 200
-            return stream.keep_alive
-        except (ConnectionError, OSError):
-            self.service.cancel(job)
-            request.extras["status"] = 499
-            return False
-        except Exception as exc:  # noqa: BLE001 - once the head is sent, errors go in the stream
-            err = exc if isinstance(exc, HttpError) else self._job_error(exc)
-            request.extras["status"] = err.status
-            if not stream.started:
-                raise err from None
+                yield sse(first)
             try:
-                await stream.send(err.body())
-                await stream.done()
-            except (ConnectionError, OSError):
-                pass
-            return False
+                async for event in events:
+                    if event[0] != "delta":
+                        continue
+                    _kind, index, delta, canvas = event
+                    c = chunk(index, delta)
+                    if canvas is not None:
+                        c["dgchat"] = canvas
+                    yield sse(c)
+                results = job.result
+            except Exception as exc:  # noqa: BLE001 - once the head is sent, errors go in the stream
+                err = self._job_error(exc)
+                set_log_status(request, err.status)
+                yield sse(err.body())
+                yield SSE_DONE
+                return
+            for r in results:
+                yield sse(chunk(r.index, None, r.finish_reason))
+            if plan.include_usage:
+                yield sse({**head, "object": chunk_obj, "choices": [], "usage": self._usage(plan, results)})
+            yield SSE_DONE
+
+        def on_close(complete: bool) -> None:
+            if not job.finished:
+                self.service.cancel(job)  # the client went away: stop denoising within a step
+
+        return EventStream(stream(), on_close)
 
     # -- /v1/infill ---------------------------------------------------------------------------
     def _generator(self):
@@ -454,15 +419,20 @@ class ApiServer:
                  "model", "max_attempts", "dgchat", "user"}
         unknown = [k for k in body if k not in known]
         if unknown:
-            raise openai_api.bad(f"unknown field `{unknown[0]}` (known: {', '.join(sorted(known))})", unknown[0])
+            name = unknown[0][:40]
+            raise openai_api.bad(f"unknown field `{name}` (known: {', '.join(sorted(known))})", name)
         template = body.get("template")
         if not isinstance(template, str) or not template:
             raise openai_api.bad("`template` must be a non-empty string, e.g. \"Halt, {player}! None may pass the "
                                  "{___} after dark.\"", "template")
+        if len(template) > MAX_TEMPLATE:
+            raise openai_api.bad(f"`template` must be at most {MAX_TEMPLATE} characters", "template")
         variables = body.get("variables", {})
         if not isinstance(variables, dict) or not all(
                 isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in variables.values()):
             raise openai_api.bad("`variables` must be an object of name -> string or number", "variables")
+        if len(variables) > MAX_VARIABLES:
+            raise openai_api.bad(f"`variables` takes at most {MAX_VARIABLES} names", "variables")
         character = body.get("character")
         if character is None:
             card = parse_card({"name": "NPC"})
@@ -477,10 +447,10 @@ class ApiServer:
                 raise openai_api.bad(f"`{key}` must be a string", key)
         n = openai_api._int(body, "n", 1, 16, 1)
         max_attempts = openai_api._int(body, "max_attempts", 1, 8, 4)
-        ext = openai_api.parse_dgchat(body)
+        ext = openai_api.parse_dgchat(body, self.engine)
         ext.pop("canvas", None)
         params = DiffusionParams(temperature=openai_api._float(body, "temperature", 0.0, 2.0),
-                                 top_p=openai_api._float(body, "top_p", 0.0, 1.0), **ext)
+                                 top_p=openai_api.parse_top_p(body), **ext)
         params.validate()
         spec = LineSpec(card=card, context=body.get("context", ""), situation=body.get("situation", ""),
                         template=template, variables={str(k): str(v) for k, v in variables.items()}, count=n,
@@ -497,8 +467,8 @@ class ApiServer:
         plan_canvas(filled, [h.default_length for h in filled.holes], generator.tokenizer, fill_token=0)
         return spec, int(prompt.size), max_attempts
 
-    async def _infill(self, request: Request, reader, writer) -> bool:
-        body = request.json()
+    async def _infill(self, request: Request) -> Response:
+        body = await self._body(request)
         spec, prompt_tokens, max_attempts = await self._off_loop(lambda: self._prepare_infill(body))
         generator = self._generator()
 
@@ -506,11 +476,7 @@ class ApiServer:
             g = replace_attempts(generator, max_attempts)
             return g.generate(spec, cancel=cancel)
 
-        job = self._submit(work)
-        try:
-            batch = await self._run_job(request, reader, job)
-        except Exception as exc:  # noqa: BLE001
-            raise self._job_error(exc) from None
+        batch = await self._run_job(request, self._submit(work))
         choices = []
         completion = 0
         for v in batch.variants:
@@ -519,11 +485,15 @@ class ApiServer:
                                                                        for h in v.holes],
                             "seed": v.seed, "attempt": v.attempt, "score": v.score,
                             "finish_reason": "rejected" if v.problem else "stop", "problem": v.problem})
-        body_out = {"id": f"infill-{secrets.token_hex(12)}", "object": "dgchat.infill", "created": int(time.time()),
-                    "model": self.model_id, "character": spec.card.id, "choices": choices,
-                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                              "total_tokens": prompt_tokens + completion}}
-        return await self._json(writer, request, body_out)
+        return json_response({"id": f"infill-{secrets.token_hex(12)}", "object": "dgchat.infill",
+                              "created": int(time.time()), "model": self.model_id, "character": spec.card.id,
+                              "choices": choices,
+                              "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                                        "total_tokens": prompt_tokens + completion}})
+
+
+MAX_TEMPLATE = 4096  # characters of an /v1/infill template
+MAX_VARIABLES = 256
 
 
 def replace_attempts(generator, max_attempts: int):
@@ -560,12 +530,12 @@ async def serve(engine: Any, config: ServeConfig, *, ready: Callable[[ApiServer]
     def on_signal() -> None:
         nonlocal signals
         signals += 1
+        # act first, then say so: writing to a closed stderr must not keep the server running
         if signals == 1:
-            server.log("shutting down (Ctrl-C again to stop at once)")
             stop.set()
+            write_stderr("dgchat serve: shutting down (Ctrl-C again to stop at once)")
         else:
-            for task in list(server._connections):
-                task.cancel()
+            server.force_stop()
 
     if install_signals:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -582,7 +552,7 @@ async def serve(engine: Any, config: ServeConfig, *, ready: Callable[[ApiServer]
         # the worker must be out of llama.cpp before the caller closes the engine
         stopped = await loop.run_in_executor(None, server.service.join, 10.0)
         if not stopped:
-            server.log("the generation did not stop within 10 s")
+            write_stderr("dgchat serve: the generation did not stop within 10 s")
         if install_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 try:
@@ -608,7 +578,11 @@ class ServerThread:
         async def main() -> None:
             self.server = ApiServer(self.engine, self.config)
             self._loop = asyncio.get_running_loop()
-            await self.server.start()
+            try:
+                await self.server.start()
+            except BaseException:
+                self.server.service.close()
+                raise
             self._ready.set()
             await self.server.wait_stopped()
 

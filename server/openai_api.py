@@ -28,7 +28,7 @@ from dgchat.model_backend.errors import ContextOverflowError, DgchatError, Gener
 from dgchat.model_backend.events import FinalEvent, StepEvent
 from dgchat.model_backend.masked_diffusion import CanvasTemplate
 from dgchat.model_backend.params import ALGORITHMS, CACHE_MODES, DiffusionParams
-from dgchat.server.http import HttpError
+from dgchat.server.errors import ApiError
 
 MAX_N = 8
 MAX_STOP = 4
@@ -49,15 +49,37 @@ _UNSUPPORTED = {
     "audio": (None,),
     "prediction": (None,),
 }
-_DGCHAT_KEYS = {
-    "steps": int, "gen_length": int, "block_length": int, "algorithm": str, "alg_temp": float, "threshold": float,
-    "factor": float, "cfg_scale": float, "top_k": int, "eps": float, "cache": str, "canvas": bool,
-    "entropy_bound": float, "t_min": float, "t_max": float,
+# The `dgchat` extension: name -> (type, low, high, low excluded, high excluded). Every number is
+# bounded, so no request can ask for a trillion steps or a canvas bigger than the model's context;
+# "ctx" and "vocab" are the served model's context length and vocabulary size.
+MAX_STEPS = 4096
+_DGCHAT_KEYS: dict[str, tuple[type, Any, Any, bool, bool]] = {
+    "steps": (int, 1, MAX_STEPS, False, False),
+    "gen_length": (int, 1, "ctx", False, False),
+    "block_length": (int, 1, "ctx", False, False),
+    "top_k": (int, 0, "vocab", False, False),
+    "algorithm": (str, None, None, False, False),
+    "cache": (str, None, None, False, False),
+    "alg_temp": (float, 0.0, 10.0, False, False),
+    "threshold": (float, 0.0, 1.0, True, False),
+    "factor": (float, 0.0, 100.0, True, False),
+    "cfg_scale": (float, 0.0, 100.0, False, False),
+    "eps": (float, 0.0, 1.0, False, True),
+    "entropy_bound": (float, 0.0, 1000.0, True, False),
+    "t_min": (float, 0.0, 10.0, False, False),
+    "t_max": (float, 0.0, 10.0, False, False),
+    "canvas": (bool, None, None, False, False),
 }
+# alg_temp draws positions from softmax(confidence / alg_temp): a tiny one underflows every weight
+# but the largest to 0, and the draw of n positions fails; 0 selects deterministically instead
+MIN_ALG_TEMP = 0.05
+MIN_TOP_P = 1e-6
+MAX_STOP_CHARS = 512  # one stop string
+MAX_MESSAGES = 2048
 
 
-def bad(message: str, param: str | None = None, code: str | None = None) -> HttpError:
-    return HttpError(400, message, param=param, code=code)
+def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
 
 
 def _int(body: dict, key: str, lo: int, hi: int, default: int | None = None) -> int | None:
@@ -111,6 +133,8 @@ def parse_stop(body: dict) -> list[str]:
         raise bad(f"`stop` takes at most {MAX_STOP} strings", "stop")
     if any(s == "" for s in stop):
         raise bad("`stop` strings must not be empty", "stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise bad(f"`stop` strings must be at most {MAX_STOP_CHARS} characters", "stop")
     return stop
 
 
@@ -124,38 +148,58 @@ def parse_logit_bias(body: dict, n_vocab: int) -> tuple[tuple[int, float], ...]:
         raise bad(f"`logit_bias` takes at most {MAX_LOGIT_BIAS} tokens", "logit_bias")
     out = []
     for key, value in raw.items():
-        try:
-            token = int(key)
-        except (TypeError, ValueError):
-            raise bad(f"`logit_bias` keys must be token ids (got {key!r})", "logit_bias") from None
+        # ASCII digits only: int() would also take "١٢", " 12 " and "1_2"
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 10):
+            raise bad(f"`logit_bias` keys must be token ids (got {key[:40]!r})", "logit_bias")
+        token = int(key)
         if not 0 <= token < n_vocab:
             raise bad(f"`logit_bias` token {token} is outside the vocabulary (0..{n_vocab - 1})", "logit_bias")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
-            raise bad(f"`logit_bias` values must be numbers in [-100, 100] (got {value!r})", "logit_bias")
+            raise bad(f"`logit_bias` values must be numbers in [-100, 100] (got {str(value)[:40]})", "logit_bias")
         out.append((token, float(value)))
     return tuple(out)
 
 
-def parse_dgchat(body: dict) -> dict[str, Any]:
+def _in_range(value: float, lo: float, hi: float, lo_open: bool, hi_open: bool) -> bool:
+    return (lo < value if lo_open else lo <= value) and (value < hi if hi_open else value <= hi)
+
+
+def parse_dgchat(body: dict, engine: Any = None) -> dict[str, Any]:
+    """The `dgchat` extension object, every value type- and range-checked (`engine`: the served
+    model, whose context length and vocabulary bound the canvas and top_k)."""
     ext = body.get("dgchat")
     if ext is None:
         return {}
     if not isinstance(ext, dict):
         raise bad("`dgchat` must be an object of dgchat sampler settings", "dgchat")
+    model = {"ctx": int(engine.n_ctx_max) if engine is not None else 1 << 20,
+             "vocab": int(engine.model.n_vocab) if engine is not None else 1 << 24}
     out: dict[str, Any] = {}
     for key, value in ext.items():
-        kind = _DGCHAT_KEYS.get(key)
-        if kind is None:
-            raise bad(f"unknown dgchat setting `{key}` (known: {', '.join(sorted(_DGCHAT_KEYS))})", f"dgchat.{key}")
+        spec = _DGCHAT_KEYS.get(key)
+        name = f"dgchat.{key}"
+        if spec is None:
+            raise bad(f"unknown dgchat setting `{key[:40]}` (known: {', '.join(sorted(_DGCHAT_KEYS))})",
+                      f"dgchat.{key[:40]}")
+        kind, lo, hi, lo_open, hi_open = spec
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
-            raise bad(f"`dgchat.{key}` must be {kind.__name__}", f"dgchat.{key}")
+            raise bad(f"`{name}` must be {'a number' if kind is float else kind.__name__}", name, "invalid_parameter")
+        if kind in (int, float):
+            lo, hi = model.get(lo, lo), model.get(hi, hi)
+            if not _in_range(value, lo, hi, lo_open, hi_open):
+                raise bad(f"`{name}` must be {'above' if lo_open else 'at least'} {lo} and "
+                          f"{'below' if hi_open else 'at most'} {hi} (got {value})", name, "invalid_parameter")
         out[key] = value
+    if 0 < out.get("alg_temp", 0) < MIN_ALG_TEMP:
+        raise bad(f"`dgchat.alg_temp` must be 0 (off) or at least {MIN_ALG_TEMP}", "dgchat.alg_temp",
+                  "invalid_parameter")
     if "algorithm" in out and out["algorithm"] not in ALGORITHMS:
-        raise bad(f"`dgchat.algorithm` must be one of {', '.join(ALGORITHMS)}", "dgchat.algorithm")
+        raise bad(f"`dgchat.algorithm` must be one of {', '.join(ALGORITHMS)}", "dgchat.algorithm",
+                  "invalid_parameter")
     if "cache" in out and out["cache"] not in CACHE_MODES:
-        raise bad(f"`dgchat.cache` must be one of {', '.join(CACHE_MODES)}", "dgchat.cache")
+        raise bad(f"`dgchat.cache` must be one of {', '.join(CACHE_MODES)}", "dgchat.cache", "invalid_parameter")
     return out
 
 
@@ -195,14 +239,19 @@ def infill_params(engine: Any, base: DiffusionParams, canvas: int, to_fill: int)
     return engine.resolve(replace(p, gen_length=canvas, max_tokens=canvas))
 
 
+def parse_top_p(body: dict) -> float | None:
+    top_p = _float(body, "top_p", 0.0, 1.0)
+    # the sampler works in float32: 1e-300 would be 0 there (the engine refuses it)
+    if top_p is not None and top_p < MIN_TOP_P:
+        raise bad(f"`top_p` must be greater than 0 (at least {MIN_TOP_P:g})", "top_p")
+    return top_p
+
+
 def base_params(body: dict, ext: dict[str, Any], logit_bias: tuple) -> DiffusionParams:
     sampler = {k: v for k, v in ext.items() if k != "canvas"}
-    top_p = _float(body, "top_p", 0.0, 1.0)
-    if top_p is not None and top_p <= 0:
-        raise bad("`top_p` must be greater than 0", "top_p")
     return DiffusionParams(
         temperature=_float(body, "temperature", 0.0, 2.0),
-        top_p=top_p,
+        top_p=parse_top_p(body),
         logit_bias=logit_bias,
         **sampler,
     )
@@ -338,6 +387,8 @@ def _messages(body: dict) -> list[dict[str, str]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("`messages` must be a non-empty list", "messages")
+    if len(messages) > MAX_MESSAGES:
+        raise bad(f"`messages` takes at most {MAX_MESSAGES} messages", "messages")
     out = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
@@ -368,7 +419,7 @@ def _common(body: dict, engine: Any, default_max: int | None) -> tuple[Diffusion
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
     check_unsupported(body)
-    ext = parse_dgchat(body)
+    ext = parse_dgchat(body, engine)
     n = _int(body, "n", 1, MAX_N, 1)
     ctx = int(engine.n_ctx_max)
     max_tokens = _int(body, "max_completion_tokens", 1, ctx) or _int(body, "max_tokens", 1, ctx)
@@ -402,7 +453,7 @@ def _finish_plan(engine: Any, plan: GenPlan) -> GenPlan:
     return plan
 
 
-def _params_error(exc: DgchatError) -> HttpError:
+def _params_error(exc: DgchatError) -> ApiError:
     return bad(str(exc), code="invalid_parameter")
 
 
@@ -417,7 +468,7 @@ def prepare_chat(body: dict, engine: Any) -> GenPlan:
         if max_tokens is None:
             max_tokens = int(engine.resolve(base).gen_length)
         first = fit_params(engine, base, max_tokens)
-    except HttpError:
+    except ApiError:
         raise
     except DgchatError as exc:
         raise _params_error(exc) from None
@@ -436,6 +487,9 @@ def _prompt_tokens(body: dict, engine: Any) -> tuple[np.ndarray, str]:
             raise bad("`prompt` is empty", "prompt")
         return engine.encode(prompt), prompt
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if len(prompt) > int(engine.n_ctx_max):  # before detokenizing half a million ids
+            raise bad(f"`prompt` has {len(prompt)} tokens; the model's context is {int(engine.n_ctx_max)}", "prompt",
+                      "context_length_exceeded")
         n_vocab = engine.model.n_vocab
         if not all(0 <= t < n_vocab for t in prompt):
             raise bad(f"`prompt` token ids must be in 0..{n_vocab - 1}", "prompt")
@@ -461,7 +515,8 @@ def prepare_completion(body: dict, engine: Any) -> GenPlan:
     template = None
     try:
         if suffix:
-            suffix_tokens = engine.model.tokenize(suffix, add_special=False, parse_special=True)
+            # client text: control-token markers in it stay plain text
+            suffix_tokens = engine.model.tokenize(suffix, add_special=False, parse_special=False)
             tokens = np.concatenate([np.full(max_tokens, engine.info.mask_token if engine.info.mask_token is not None
                                              else 0, dtype=np.int32), suffix_tokens]).astype(np.int32)
             fixed = np.zeros(tokens.size, dtype=bool)
@@ -472,7 +527,7 @@ def prepare_completion(body: dict, engine: Any) -> GenPlan:
             first = infill_params(engine, replace(base, logit_bias=base.logit_bias + eog), int(tokens.size), max_tokens)
         else:
             first = fit_params(engine, base, max_tokens)
-    except HttpError:
+    except ApiError:
         raise
     except DgchatError as exc:
         raise _params_error(exc) from None

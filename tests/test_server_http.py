@@ -266,7 +266,7 @@ def test_keep_alive_serves_several_requests_on_one_connection(server) -> None:
     with socket.create_connection(server.server.address, timeout=10) as s:
         f = s.makefile("rb")
         for _ in range(3):
-            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             assert f.readline().startswith(b"HTTP/1.1 200 ")
             length = 0
             while (line := f.readline()) not in (b"\r\n", b""):
@@ -315,8 +315,8 @@ def _wait(predicate, timeout: float = 20.0) -> None:
 def _send_raw(address, body: dict, path: str = "/v1/chat/completions") -> socket.socket:
     s = socket.create_connection(address, timeout=60)
     data = json.dumps(body).encode()
-    s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(data)}"
-              f"\r\n\r\n".encode() + data)
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
     return s
 
 
@@ -412,9 +412,9 @@ def test_http_10_streams_until_close_and_connection_cap(engine) -> None:
         a = socket.create_connection(st.server.address, timeout=10)
         b = socket.create_connection(st.server.address, timeout=10)
         try:
-            a.sendall(b"GET /health HTTP/1.1\r\n\r\n")
+            a.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             assert a.recv(4096).startswith(b"HTTP/1.1 200 ")
-            b.sendall(b"GET /health HTTP/1.1\r\n\r\n")
+            b.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             assert b.recv(4096).startswith(b"HTTP/1.1 200 ")
             with socket.create_connection(st.server.address, timeout=10) as c:
                 assert c.recv(4096).startswith(b"HTTP/1.1 503 ")

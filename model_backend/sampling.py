@@ -266,7 +266,10 @@ def choose_top(confidence: np.ndarray, n: int, alg_temp: float, rng: np.random.G
     if alg_temp > 0:
         w = confidence.astype(np.float64) / alg_temp
         w = np.exp(w - w.max())
-        return rng.choice(confidence.shape[0], size=n, replace=False, p=w / w.sum())
+        p = w / w.sum()
+        if np.count_nonzero(p) >= n:
+            return rng.choice(confidence.shape[0], size=n, replace=False, p=p)
+        # a small alg_temp underflows all but the top weights to 0: n distinct draws are then the top n
     # stable: ties go to the leftmost position
     order = np.argsort(-confidence, kind="stable")
     return order[:n]

@@ -224,3 +224,14 @@ def test_cfg_combines_conditional_and_unconditional() -> None:
 def test_parameter_validation(kw, msg) -> None:
     with pytest.raises(InvalidParameterError, match=msg):
         DiffusionParams(**kw).validate()
+
+
+def test_tiny_alg_temp_falls_back_to_the_most_confident() -> None:
+    # confidences 0.1 apart at alg_temp 1e-6: every weight but the top one underflows to 0, and a
+    # draw of 3 distinct positions from one non-zero weight would fail
+    conf = np.array([0.2, 0.9, 0.5, 0.8, 0.1], dtype=np.float32)
+    picked = sampling.choose_top(conf, 3, 1e-6, np.random.default_rng(0))
+    assert picked.tolist() == [1, 3, 2]
+    # a usable alg_temp still draws (and may differ from the top 3)
+    draws = {tuple(sorted(sampling.choose_top(conf, 3, 1.0, np.random.default_rng(s)).tolist())) for s in range(20)}
+    assert len(draws) > 1

@@ -335,16 +335,17 @@ class ChatScreen(Screen):
             params = self.effective_params(engine)
             if self._reseed and (params.temperature or 0) > 0:
                 params = params.updated(seed=random.randrange(1 << 31))
-            prompt = engine.chat_prompt(self._history_for_model())
-            engine.check_fits(int(prompt.size), params)
+            messages = self._history_for_model()
         except DgchatError as exc:
             app.push_screen(ErrorModal("Cannot generate", str(exc)))
             return
         finally:
             self._reseed = False
         answer = self.store.begin_answer(self.chat.id, {"model": display_name(wanted)})
+        # the prompt is rendered from the messages in the worker thread (LiveGeneration.run): the
+        # model's chat template must not run on the UI thread
         self.generation = LiveGeneration(
-            engine=engine, prompt=prompt, params=params, store=self.store, message_id=answer.id,
+            engine=engine, prompt=None, messages=messages, params=params, store=self.store, message_id=answer.id,
             model_name=display_name(wanted),
         )
         self._shown_event = None

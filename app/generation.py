@@ -62,7 +62,7 @@ def final_meta(final: FinalEvent, params: DiffusionParams, model_name: str) -> d
 @dataclass
 class LiveGeneration:
     engine: Any  # DiffusionEngine
-    prompt: np.ndarray
+    prompt: np.ndarray | None  # None: rendered from `messages` in the worker thread
     params: DiffusionParams  # resolved
     store: Store | None = None
     message_id: int | None = None
@@ -74,11 +74,18 @@ class LiveGeneration:
     steps_seen: int = 0
     started_at: float = 0.0
     done: threading.Event = field(default_factory=threading.Event)
+    # the conversation, when `prompt` is None: the model's chat template is untrusted code, so it
+    # renders here, on the worker thread (bounded in time and memory by model_backend.chat_template),
+    # never on the UI thread
+    messages: list[dict[str, Any]] | None = None
 
     def run(self) -> FinalEvent | None:
         """Drive the engine to the end (call from a worker thread)."""
         self.started_at = time.perf_counter()
         try:
+            if self.prompt is None:
+                self.prompt = self.engine.chat_prompt(self.messages or [])
+                self.engine.check_fits(int(self.prompt.size), self.params)
             for event in self.engine.generate(self.prompt, self.params, cancel=self.cancel):
                 if isinstance(event, StepEvent):
                     self.latest = event

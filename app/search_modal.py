@@ -10,7 +10,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
-from dgchat.app.store import HIGHLIGHT_END, HIGHLIGHT_START, SearchHit, Store
+from dgchat.app.store import HIGHLIGHT_END, HIGHLIGHT_START, SearchHit, Store, StoreError
 
 
 def highlighted(snippet: str) -> Text:
@@ -50,7 +50,13 @@ class SearchModal(ModalScreen[tuple[int, int | None] | None]):
             self.run_search(self.initial)
 
     def run_search(self, text: str) -> None:
-        self.hits = self.store.search(text)
+        try:
+            self.hits = self.store.search(text)
+        except StoreError as exc:  # too long, or SQLite refused it: say so where the count goes
+            self.hits = []
+            self.query_one(OptionList).clear_options()
+            self.query_one("#search-count", Label).update(str(exc))
+            return
         results = self.query_one(OptionList)
         results.clear_options()
         options = []

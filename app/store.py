@@ -17,13 +17,21 @@ open, answers left 'generating' by a process that is gone become 'stopped' with 
 
 Thread-safe: one connection guarded by a lock, so a generation worker can finish its answer row
 even when the UI is already shutting down.
+
+Private: the database and its -wal/-shm files are created 0600 (SQLite gives the journal files the
+database's mode) and an existing looser file is tightened; the folder dgchat makes for it is 0700.
+Hostile text: every string is made storable (a lone surrogate, which SQLite cannot encode, becomes
+U+FFFD), search text is cleaned and bounded before it reaches FTS5, and a row whose JSON is corrupt
+reads as empty settings instead of stopping the store from opening.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -40,8 +48,45 @@ HIGHLIGHT_START = "\x02"  # search snippets mark matches with these; the UI turn
 HIGHLIGHT_END = "\x03"
 
 
+MAX_SEARCH_CHARS = 500  # a search is a few words; FTS5 query cost grows with the terms
+MAX_SEARCH_WORDS = 32
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
+
+
 class StoreError(DgchatError):
     """The chat database cannot be opened or is from a newer dgchat."""
+
+
+class SearchError(StoreError):
+    """The search text cannot be searched for (too long); the message says why."""
+
+
+def storable(text: str) -> str:
+    """`text` as SQLite can store it: lone surrogates (from a paste or a file with bad UTF-8) become U+FFFD."""
+    return _SURROGATE.sub("\ufffd", text) if isinstance(text, str) else text
+
+
+def _json_dict(text: Any) -> dict[str, Any]:
+    """A JSON object column; corrupt or non-object JSON reads as {} (one bad row must not stop the store)."""
+    try:
+        value = json.loads(text or "{}")
+    except (TypeError, ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _private_file(path: Path) -> None:
+    """Create the database file 0600 before SQLite opens it (its -wal/-shm then get the same mode),
+    or tighten an existing one and its journal files."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        os.close(fd)
+        for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            if p.exists() and stat.S_IMODE(p.stat().st_mode) & 0o077:
+                os.chmod(p, 0o600)
+    except OSError:
+        pass  # a read-only or foreign file: SQLite's own error says what is wrong
 
 
 @dataclass
@@ -128,17 +173,29 @@ _STEPS: list[Callable[[sqlite3.Connection], None]] = [_step_1, _step_2]
 SCHEMA_VERSION = len(_STEPS)
 
 
+def clean_search(text: str) -> str:
+    """Search text without NULs, control characters or lone surrogates (FTS5 reads a NUL as the end
+    of the query; SQLite cannot encode a surrogate)."""
+    return _CONTROL.sub(" ", _SURROGATE.sub("", text))
+
+
 def fts_query(text: str) -> str | None:
-    """User text -> an FTS5 query: every word must match, as a prefix; FTS syntax is not exposed."""
-    words = [w.replace('"', "") for w in text.split()]
-    words = [w for w in words if w]
+    """User text -> an FTS5 query: every word must match, as a prefix; FTS syntax is not exposed
+    (each word is a quoted string, quotes removed)."""
+    words = [w.replace('"', "") for w in clean_search(text).split()]
+    words = [w for w in words if w][:MAX_SEARCH_WORDS]
     if not words:
         return None
     return " ".join(f'"{w}"*' for w in words)
 
 
+def _pid_of(meta: dict[str, Any]) -> int:
+    pid = meta.get("pid", 0)
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) else 0
+
+
 def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
+    if pid <= 0 or pid >= 1 << 31:  # os.kill raises OverflowError beyond a C int
         return False
     if pid == os.getpid():
         return True  # another Store in this very process may be writing it
@@ -157,7 +214,9 @@ class Store:
     def __init__(self, path: str | Path, *, upgrade_to: int | None = None) -> None:
         self.path = Path(path)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self.path.parent.exists():
+                self.path.parent.mkdir(parents=True, mode=0o700)
+            _private_file(self.path)
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10)
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"cannot open the chat database {self.path}: {exc}") from None
@@ -223,11 +282,11 @@ class Store:
     def recover_interrupted(self) -> int:
         """Answers left 'generating' by a process that died become 'stopped'; returns how many."""
         rows = self._query("SELECT id, meta FROM messages WHERE status = 'generating'")
-        dead = [r["id"] for r in rows if not _pid_alive(int(json.loads(r["meta"] or "{}").get("pid", 0) or 0))]
+        dead = [r["id"] for r in rows if not _pid_alive(_pid_of(_json_dict(r["meta"])))]
         if dead:
             with self._tx() as db:
                 for message_id in dead:
-                    meta = json.loads(db.execute("SELECT meta FROM messages WHERE id = ?", (message_id,)).fetchone()[0])
+                    meta = _json_dict(db.execute("SELECT meta FROM messages WHERE id = ?", (message_id,)).fetchone()[0])
                     meta.pop("pid", None)
                     meta["stop_reason"] = "interrupted"
                     db.execute(
@@ -240,7 +299,7 @@ class Store:
     def _chat(row: sqlite3.Row) -> Chat:
         return Chat(
             id=row["id"], title=row["title"], model=row["model"], system_prompt=row["system_prompt"],
-            params=json.loads(row["params"] or "{}"), created_at=row["created_at"], updated_at=row["updated_at"],
+            params=_json_dict(row["params"]), created_at=row["created_at"], updated_at=row["updated_at"],
         )
 
     def create_chat(
@@ -251,7 +310,7 @@ class Store:
         with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO chats(title, model, system_prompt, params, created_at, updated_at) VALUES (?,?,?,?,?,?)",
-                (title, model, system_prompt, json.dumps(params or {}), now, now),
+                (storable(title), model, storable(system_prompt), json.dumps(params or {}), now, now),
             )
             chat_id = int(cur.lastrowid)
         chat = self.get_chat(chat_id)
@@ -266,7 +325,7 @@ class Store:
         return [self._chat(r) for r in self._query("SELECT * FROM chats ORDER BY updated_at DESC, id DESC")]
 
     def rename_chat(self, chat_id: int, title: str) -> None:
-        title = " ".join(title.split()) or DEFAULT_TITLE
+        title = storable(" ".join(title.split())) or DEFAULT_TITLE
         with self._tx() as db:
             db.execute("UPDATE chats SET title = ? WHERE id = ?", (title, chat_id))
 
@@ -280,7 +339,7 @@ class Store:
         with self._tx() as db:
             db.execute(
                 "UPDATE chats SET model = ?, system_prompt = ?, params = ? WHERE id = ?",
-                (model or None, system_prompt, json.dumps(params), chat_id),
+                (model or None, storable(system_prompt), json.dumps(params), chat_id),
             )
 
     # -- messages -------------------------------------------------------------------------------
@@ -288,7 +347,7 @@ class Store:
     def _message(row: sqlite3.Row) -> Message:
         return Message(
             id=row["id"], chat_id=row["chat_id"], role=row["role"], content=row["content"], status=row["status"],
-            meta=json.loads(row["meta"] or "{}"), created_at=row["created_at"],
+            meta=_json_dict(row["meta"]), created_at=row["created_at"],
         )
 
     def messages(self, chat_id: int) -> list[Message]:
@@ -303,6 +362,7 @@ class Store:
     ) -> Message:
         """Insert and commit a message (durable when this returns); the first user message titles the chat."""
         now = time.time()
+        content = storable(content)
         with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO messages(chat_id, role, content, status, meta, created_at) VALUES (?,?,?,?,?,?)",
@@ -323,17 +383,19 @@ class Store:
         return self.add_message(chat_id, "assistant", "", status="generating", meta=meta)
 
     def checkpoint_answer(self, message_id: int, content: str) -> None:
+        content = storable(content)
         with self._tx() as db:
             db.execute("UPDATE messages SET content = ? WHERE id = ? AND status = 'generating'", (content, message_id))
 
     def finish_answer(self, message_id: int, content: str, status: str, meta: dict[str, Any] | None = None) -> None:
         if status not in STATUSES:
             raise ValueError(f"bad message status {status!r}")
+        content = storable(content)
         with self._tx() as db:
             row = db.execute("SELECT meta, chat_id FROM messages WHERE id = ?", (message_id,)).fetchone()
             if row is None:
                 return  # the chat was deleted meanwhile
-            merged = json.loads(row["meta"] or "{}")
+            merged = _json_dict(row["meta"])
             merged.pop("pid", None)
             merged.update(meta or {})
             db.execute(
@@ -343,6 +405,7 @@ class Store:
             db.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (time.time(), row["chat_id"]))
 
     def update_message(self, message_id: int, content: str) -> None:
+        content = storable(content)
         with self._tx() as db:
             db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
 
@@ -365,22 +428,31 @@ class Store:
 
     # -- search ---------------------------------------------------------------------------------
     def search(self, text: str, limit: int = 50) -> list[SearchHit]:
+        """Chats whose title contains the text and messages containing every word (as prefixes).
+        Raises SearchError (one line) for text that cannot be a search; never a raw SQLite error."""
+        text = clean_search(text)
+        if len(text) > MAX_SEARCH_CHARS:
+            raise SearchError(f"search text is too long ({len(text):,} characters; at most {MAX_SEARCH_CHARS})")
         query = fts_query(text)
         if query is None:
             return []
         hits: list[SearchHit] = []
         like = "%" + text.strip().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        for row in self._query(
-            "SELECT id, title FROM chats WHERE title LIKE ? ESCAPE '\\' ORDER BY updated_at DESC LIMIT ?", (like, limit)
-        ):
-            hits.append(SearchHit(row["id"], row["title"], None, "title", row["title"]))
-        rows = self._query(
-            f"SELECT m.id, m.chat_id, m.role, c.title, "
-            f"snippet(messages_fts, 0, '{HIGHLIGHT_START}', '{HIGHLIGHT_END}', '…', 10) AS snip "
-            f"FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid JOIN chats c ON c.id = m.chat_id "
-            f"WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?",
-            (query, limit),
-        )
+        try:
+            for row in self._query(
+                "SELECT id, title FROM chats WHERE title LIKE ? ESCAPE '\\' ORDER BY updated_at DESC LIMIT ?",
+                (like, limit),
+            ):
+                hits.append(SearchHit(row["id"], row["title"], None, "title", row["title"]))
+            rows = self._query(
+                f"SELECT m.id, m.chat_id, m.role, c.title, "
+                f"snippet(messages_fts, 0, '{HIGHLIGHT_START}', '{HIGHLIGHT_END}', '…', 10) AS snip "
+                f"FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid JOIN chats c ON c.id = m.chat_id "
+                f"WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?",
+                (query, limit),
+            )
+        except sqlite3.Error as exc:
+            raise SearchError(f"search failed: {exc}") from None
         for row in rows:
             hits.append(SearchHit(row["chat_id"], row["title"], row["id"], row["role"], " ".join(row["snip"].split())))
         return hits[:limit]
@@ -388,7 +460,12 @@ class Store:
     # -- settings -------------------------------------------------------------------------------
     def get_setting(self, key: str, default: Any = None) -> Any:
         rows = self._query("SELECT value FROM settings WHERE key = ?", (key,))
-        return json.loads(rows[0]["value"]) if rows else default
+        if not rows:
+            return default
+        try:
+            return json.loads(rows[0]["value"])
+        except (TypeError, ValueError, RecursionError):
+            return default  # a corrupt setting is as good as none
 
     def set_setting(self, key: str, value: Any) -> None:
         with self._tx() as db:
@@ -399,7 +476,7 @@ class Store:
 
 
 def _title_from(content: str) -> str:
-    line = " ".join(content.split())
+    line = " ".join(_CONTROL.sub(" ", content).split())
     if not line:
         return DEFAULT_TITLE
     return line if len(line) <= 40 else line[:39].rstrip() + "…"

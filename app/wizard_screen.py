@@ -710,8 +710,6 @@ class WizardScreen(Screen[None]):
         error = self.query_one("#ready-error", Static)
         try:
             params = trial_params(engine, self.app.config.sampler_params())
-            prompt = engine.chat_prompt([{"role": "user", "content": TEST_PROMPT}])
-            engine.check_fits(int(prompt.size), params)
         except DgchatError as exc:
             error.update(f"The test could not start: {exc}")
             self._nav()
@@ -720,7 +718,9 @@ class WizardScreen(Screen[None]):
         self.query_one("#ready-stats", Static).update("")
         answer = self.query_one("#ready-answer", VerticalScroll)
         answer.remove_children()
-        self.generation = generation = LiveGeneration(engine=engine, prompt=prompt, params=params)
+        # rendered in the worker thread: the model's chat template never runs on the UI thread
+        self.generation = generation = LiveGeneration(engine=engine, prompt=None, params=params,
+                                                      messages=[{"role": "user", "content": TEST_PROMPT}])
         self._shown_event = None
         self.canvas = LiveCanvas(engine, id="wiz-canvas")
         answer.mount(self.canvas)

@@ -20,7 +20,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     p.add_argument("-p", "--prompt", help="the prompt (reads standard input when omitted or '-')")
     p.add_argument("--system", help="system prompt / persona for chat models")
-    p.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    p.add_argument("--raw", action="store_true",
+                   help="do not apply the chat template: the prompt is the model's input as written, and "
+                        "control-token text in it (e.g. <|im_end|>) becomes control tokens")
     p.add_argument("--visual", action="store_true", help="redraw the canvas every step")
     p.add_argument("--json", action="store_true", help="print the answer and statistics as one JSON object")
     add_sampler_args(p)
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     engine = DiffusionEngine.load(model_path, n_gpu_layers=args.n_gpu_layers, n_threads=args.threads)
     try:
         if args.raw:
-            prompt = engine.encode(prompt_text)
+            prompt = engine.encode(prompt_text, special=True)  # the raw prompt's author writes the markers
         else:
             messages = ([{"role": "system", "content": args.system}] if args.system else [])
             messages.append({"role": "user", "content": prompt_text})

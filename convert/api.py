@@ -110,8 +110,15 @@ def convert(
 
         ckpt = Checkpoint(source)
         try:
-            family = family_for_hf(ckpt.config)
-            plan = family.plan_from_hf(ckpt, outtype, source.name, cache_capable=cache_capable)
+            try:
+                family = family_for_hf(ckpt.config)
+                plan = family.plan_from_hf(ckpt, outtype, source.name, cache_capable=cache_capable)
+            except (TypeError, ValueError, ArithmeticError, KeyError, IndexError, AttributeError) as exc:
+                # config.json is untrusted JSON: a string or a list where a size belongs reaches an
+                # int() or an index somewhere in a family's planner; say which file, in one line
+                detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+                raise ConvertError(f"{source.name}: config.json holds a value of the wrong type or range "
+                                   f"({detail})") from None
             return job.finish(plan, "hf", family.NAME)
         finally:
             ckpt.close()
@@ -119,8 +126,13 @@ def convert(
         raise ConvertError(f"{source}: not a checkpoint folder or a GGUF file")
     from dgchat.convert.gguf_remap import plan_from_gguf
 
-    arch, plan = plan_from_gguf(source, outtype, source.stem, cache_capable=cache_capable,
-                                passthrough=qtype is not None)
+    try:
+        arch, plan = plan_from_gguf(source, outtype, source.stem, cache_capable=cache_capable,
+                                    passthrough=qtype is not None)
+    except (TypeError, ValueError, ArithmeticError, KeyError, IndexError, AttributeError) as exc:
+        # a foreign GGUF's metadata is untrusted too: a string where a size belongs, a missing tensor
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        raise ConvertError(f"{source.name}: its metadata holds a value of the wrong type or range ({detail})") from None
     return job.finish(plan, "gguf", arch)
 
 

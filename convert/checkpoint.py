@@ -13,6 +13,7 @@ header length N, N bytes of JSON mapping tensor name -> {dtype, shape, data_offs
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -31,6 +32,20 @@ _DTYPES: dict[str, tuple[np.dtype, str]] = {
     "BF16": (np.dtype("<u2"), "bf16"),
 }
 _MAX_HEADER = 100 * 1024 * 1024
+_MAX_DIMS = 8
+
+
+def _show(value: Any) -> str:
+    """A name or value from the file for a one-line message: as is when it is short printable text,
+    else repr'd (no line breaks, no control characters) and cut short."""
+    if isinstance(value, str) and value.isprintable() and len(value) <= 80:
+        return value
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -74,8 +89,14 @@ def _read_json(path: Path, required: bool) -> dict[str, Any] | None:
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConvertError(f"{path}: unreadable JSON ({exc})") from None
+    except OSError as exc:
+        raise ConvertError(f"{path}: cannot read it ({exc.strerror or type(exc).__name__})") from None
+    except UnicodeDecodeError:
+        raise ConvertError(f"{path}: unreadable JSON (not UTF-8 text)") from None
+    except json.JSONDecodeError as exc:  # the message names a position, never the file's text
+        raise ConvertError(f"{path}: unreadable JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except RecursionError:
+        raise ConvertError(f"{path}: unreadable JSON (nested too deeply)") from None
     if not isinstance(data, dict):
         raise ConvertError(f"{path}: expected a JSON object")
     return data
@@ -116,6 +137,18 @@ class Checkpoint:
         self.close()
 
     # -- index --------------------------------------------------------------------------------
+    def _inside(self, name: Any, what: str) -> Path:
+        """`name` as a file inside the checkpoint folder, or ConvertError. Shard names come from the
+        (untrusted) index: `../../etc/passwd`, an absolute path or a symlink out of the folder would
+        otherwise make the converter read, and quote, files that are not part of the checkpoint."""
+        if not isinstance(name, str) or not name or "\0" in name:
+            raise ConvertError(f"{self.folder.name}: {what} {_show(name)} is not a file name")
+        root = self.folder.resolve()
+        path = (self.folder / name).resolve()
+        if Path(name).is_absolute() or (path != root and root not in path.parents):
+            raise ConvertError(f"{self.folder.name}: {what} {_show(name)} is outside the checkpoint folder")
+        return path
+
     def _shard_files(self) -> list[Path]:
         index_path = self.folder / "model.safetensors.index.json"
         if index_path.is_file():
@@ -123,18 +156,22 @@ class Checkpoint:
             weight_map = index.get("weight_map")
             if not isinstance(weight_map, dict) or not weight_map:
                 raise ConvertError(f"{index_path}: no weight_map")
-            shards = sorted({str(v) for v in weight_map.values()})
-            missing = [s for s in shards if not (self.folder / s).is_file()]
+            for value in weight_map.values():
+                if not isinstance(value, str):
+                    raise ConvertError(f"{index_path}: shard name {_show(value)} is not a file name")
+            shards = sorted(set(weight_map.values()))
+            paths = [self._inside(s, "shard") for s in shards]
+            missing = [s for s, p in zip(shards, paths) if not p.is_file()]
             if missing:
                 raise ConvertError(
-                    f"{self.folder}: missing shard {missing[0]}"
+                    f"{self.folder}: missing shard {_show(missing[0])}"
                     + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
                     + "; the download is incomplete"
                 )
             self._expected = set(weight_map)
-            return [self.folder / s for s in shards]
+            return paths
         self._expected = None
-        files = sorted(self.folder.glob("*.safetensors"))
+        files = sorted(self._inside(p.name, "shard") for p in self.folder.glob("*.safetensors"))
         if not files:
             if any(self.folder.glob("*.bin")) or any(self.folder.glob("*.pt")):
                 raise ConvertError(f"{self.folder}: only pickle weights (*.bin/*.pt); dgchat reads safetensors only")
@@ -147,9 +184,11 @@ class Checkpoint:
         if self._expected is not None:
             absent = sorted(self._expected - set(self.tensors))
             if absent:
-                raise ConvertError(f"{self.folder}: tensor {absent[0]} is listed in the index but not in its shard")
+                raise ConvertError(f"{self.folder}: tensor {_show(absent[0])} is listed in the index but not in its shard")
 
     def _index_shard(self, path: Path) -> None:
+        """Read one shard's header and check every entry against the file, in Python integers (no
+        int64 overflow: a shape of [2^62, 4] with empty offsets once passed a numpy size check)."""
         size = path.stat().st_size
         try:
             with open(path, "rb") as fh:
@@ -157,33 +196,46 @@ class Checkpoint:
                 if len(head) < 8:
                     raise ConvertError(f"{path.name}: truncated safetensors file")
                 (n,) = struct.unpack("<Q", head)
+                # the length is not quoted: for a file that is not safetensors it is 8 of its bytes
                 if n > min(size - 8, _MAX_HEADER):
-                    raise ConvertError(f"{path.name}: corrupt safetensors header (length {n})")
+                    raise ConvertError(f"{path.name}: not a safetensors file (its header length does not fit the file)")
                 header = json.loads(fh.read(n))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConvertError(f"{path.name}: unreadable safetensors header ({exc})") from None
+        except OSError as exc:
+            raise ConvertError(f"{path.name}: cannot read it ({exc.strerror or type(exc).__name__})") from None
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            raise ConvertError(f"{path.name}: not a safetensors file (its header is not JSON)") from None
+        if not isinstance(header, dict):
+            raise ConvertError(f"{path.name}: not a safetensors file (its header is a JSON {type(header).__name__}, "
+                               f"not an object)")
         data_start = 8 + n
         for name, meta in header.items():
             if name == "__metadata__":
                 continue
+            where = f"{path.name}: tensor {_show(name)}"
+            if not isinstance(meta, dict):
+                raise ConvertError(f"{where}: its entry is not an object")
             dtype = meta.get("dtype")
-            if dtype not in _DTYPES:
-                raise ConvertError(
-                    f"{path.name}: tensor {name} has dtype {dtype}; supported: {', '.join(sorted(_DTYPES))}"
-                )
-            shape = tuple(int(d) for d in meta.get("shape", []))
-            begin, end = (int(x) for x in meta.get("data_offsets", (0, -1)))
-            expected = int(np.prod(shape, dtype=np.int64)) * _DTYPES[dtype][0].itemsize
+            if not isinstance(dtype, str) or dtype not in _DTYPES:
+                raise ConvertError(f"{where} has dtype {_show(dtype)}; supported: {', '.join(sorted(_DTYPES))}")
+            shape = meta.get("shape", [])
+            if (not isinstance(shape, list) or len(shape) > _MAX_DIMS
+                    or not all(_is_int(d) and d >= 0 for d in shape)):
+                raise ConvertError(f"{where}: shape {_show(shape)} is not a list of up to {_MAX_DIMS} sizes >= 0")
+            offsets = meta.get("data_offsets")
+            if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(x) for x in offsets)
+                    or not 0 <= offsets[0] <= offsets[1]):
+                raise ConvertError(f"{where}: data_offsets {_show(offsets)} are not [begin, end] with 0 <= begin <= end")
+            begin, end = offsets
+            expected = math.prod(shape) * _DTYPES[dtype][0].itemsize  # Python int: exact at any size
             if end - begin != expected:
                 raise ConvertError(
-                    f"{path.name}: tensor {name} holds {end - begin} bytes but shape {list(shape)} "
-                    f"of {dtype} needs {expected}"
+                    f"{where} holds {end - begin} bytes but shape {_show(shape)} of {dtype} needs {expected}"
                 )
             if data_start + end > size:
-                raise ConvertError(f"{path.name}: truncated (tensor {name} ends past the end of the file)")
+                raise ConvertError(f"{path.name}: truncated ({where[len(path.name) + 2:]} ends past the end of the file)")
             if name in self.tensors:
-                raise ConvertError(f"{path.name}: tensor {name} also appears in {self.tensors[name].file.name}")
-            self.tensors[name] = SourceTensor(name, _DTYPES[dtype][1], shape, path, data_start + begin, expected)
+                raise ConvertError(f"{where} also appears in {self.tensors[name].file.name}")
+            self.tensors[name] = SourceTensor(name, _DTYPES[dtype][1], tuple(shape), path, data_start + begin, expected)
 
     # -- access -------------------------------------------------------------------------------
     def has(self, name: str) -> bool:
@@ -193,7 +245,7 @@ class Checkpoint:
         try:
             return self.tensors[name]
         except KeyError:
-            raise ConvertError(f"{self.folder}: tensor {name} is missing from the checkpoint") from None
+            raise ConvertError(f"{self.folder}: tensor {_show(name)} is missing from the checkpoint") from None
 
     def _map(self, path: Path) -> mmap.mmap:
         mm = self._maps.get(path)

@@ -19,6 +19,7 @@ SCHEMA = 1
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,79}$")
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 FAMILIES = ("diffusion_gemma", "llada", "llada_moe", "dream", "rnd1", "tiny")
 # sampler keys a catalog may recommend (DiffusionParams fields that describe a model, not a run)
 SAMPLER_KEYS: dict[str, type] = {
@@ -82,6 +83,14 @@ class CatalogEntry:
     @property
     def downloadable(self) -> bool:
         return not self.bundled
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the catalog fixes the exact bytes: a sha256 and a revision that is a commit hash.
+        Unpinned entries are checked against what the hub itself reports (the LFS sha256 or the git
+        sha1 in its ETag), which protects against a corrupt transfer but not against a changed or
+        replaced upload; docs/MODELS.md ("Pinning a catalog entry") says how to pin one."""
+        return self.bundled or (self.sha256 is not None and COMMIT_RE.match(self.revision) is not None)
 
     @property
     def download_name(self) -> str:

@@ -55,7 +55,7 @@ from dgchat.hub.errors import (
 )
 from dgchat.hub.paths import PARTIAL_DIRNAME
 from dgchat.hub.remote import RemoteFile, effective_token, resolve_remote
-from dgchat.hub.util import FileLock, atomic_write_json, format_bytes, sha256_file
+from dgchat.hub.util import FileLock, atomic_write_json, format_bytes, hash_file
 
 CHUNK = 256 * 1024
 SPACE_MARGIN = 32 * 1024**2  # left free besides the file: the registry, the app's database, logs
@@ -89,7 +89,7 @@ class DownloadResult:
     path: Path
     size: int
     sha256: str
-    verified_by: str  # "catalog sha256" | "hub LFS etag" | "size only"
+    verified_by: str  # "catalog sha256" | "hub LFS etag" | "hub git etag (sha1)" | "size only"
     remote: RemoteFile
     resumed_from: int  # bytes reused from an earlier partial download
     notes: tuple[str, ...] = ()
@@ -143,14 +143,14 @@ def discard_partial(dest: Path) -> bool:
     lock = FileLock(lock_path)
     if not lock.acquire(blocking=False):
         raise HubError(f"{Path(dest).name} is being downloaded right now; cancel that first")
+    existed = False
     try:
         existed = part.exists() or side.exists()
         part.unlink(missing_ok=True)
         side.unlink(missing_ok=True)
         return existed
     finally:
-        lock.release()
-        lock_path.unlink(missing_ok=True)
+        lock.release(unlink=True)  # deleted while still held (FileLock.release)
 
 
 def _read_sidecar(path: Path) -> dict[str, Any] | None:
@@ -260,12 +260,14 @@ class Downloader:
         lock = FileLock(self.lock_path)
         if not lock.acquire(blocking=False):
             raise HubError(f"{self.dest.name} is already being downloaded (by this app or another dgchat)")
+        done = False
         try:
             result = self._run_locked()
-            self.lock_path.unlink(missing_ok=True)  # nothing left to resume: leave .partial clean
+            done = True
             return result
         finally:
-            lock.release()
+            # nothing left to resume: leave .partial clean; the file is deleted while still held
+            lock.release(unlink=done)
 
     def _run_locked(self) -> DownloadResult:
         self._report("resolving", 0, None, force=True)
@@ -278,6 +280,9 @@ class Downloader:
                 f"{self.repo}/{self.filename} on the hub (sha256 {remote.sha256[:12]}...) is not the file the "
                 f"catalog pins (sha256 {self.pinned_sha[:12]}...); it changed upstream, so it was not downloaded")
         expected_sha = self.pinned_sha or remote.sha256
+        # a file stored in git (not LFS) has the git blob sha1 as its ETag: without a pinned sha256
+        # that is what the finished file is checked against, not its size alone
+        git_sha1 = remote.git_sha1 if expected_sha is None else None
         total = remote.size
         have = self._prepare_partial(remote)
         self._resumed_from = have
@@ -289,15 +294,20 @@ class Downloader:
             raise DownloadError(f"{self.dest.name}: got {size} bytes, expected {total}", resumable=True,
                                 bytes_done=size, bytes_total=total)
         self._report("verifying", 0, size, force=True)
-        digest = sha256_file(self.part, cancel=self.cancel,
-                             progress=lambda d, t: self._report("verifying", d, t))
-        if expected_sha is not None and digest != expected_sha:
+        digest, blob_sha1 = hash_file(self.part, git_blob=git_sha1 is not None, cancel=self.cancel,
+                                      progress=lambda d, t: self._report("verifying", d, t))
+        bad = (expected_sha is not None and digest != expected_sha) or (git_sha1 is not None and blob_sha1 != git_sha1)
+        if bad:
             self.part.unlink(missing_ok=True)
             self.sidecar.unlink(missing_ok=True)
+            got, want = (digest, expected_sha) if expected_sha is not None else (f"git sha1 {blob_sha1}", git_sha1)
             raise VerificationError(
-                f"{self.dest.name} is corrupt: sha256 {digest[:12]}... but expected {expected_sha[:12]}...; "
-                f"the file was deleted, pull again to download it afresh")
-        verified_by = ("catalog sha256" if self.pinned_sha else "hub LFS etag") if expected_sha else "size only"
+                f"{self.dest.name} is corrupt: {'sha256 ' if expected_sha else ''}{str(got)[:20]}... but expected "
+                f"{str(want)[:12]}...; the file was deleted, pull again to download it afresh")
+        if expected_sha:
+            verified_by = "catalog sha256" if self.pinned_sha else "hub LFS etag"
+        else:
+            verified_by = "hub git etag (sha1)" if git_sha1 else "size only"
         self.dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(self.part, self.dest)
         _fsync_dir(self.dest.parent)

@@ -13,6 +13,7 @@ from pathlib import Path
 from dgchat.hub import paths
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHA1 = re.compile(r"^[0-9a-f]{40}$")
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class CachedGguf:
     size: int
     refs: tuple[str, ...]  # branches/tags that point at this commit ("main")
     sha256: str | None  # the blob's name, when it is an LFS sha256
+    git_sha1: str | None = None  # the blob's name, when it is a git-stored file's sha1 (its ETag)
 
     @property
     def label(self) -> str:
@@ -57,6 +59,7 @@ def scan_hf_cache(cache_dir: Path | None = None) -> list[CachedGguf]:
                     repo=repo.repo_id, filename=rel, commit=rev.commit_hash, path=Path(f.file_path),
                     blob_path=Path(f.blob_path), size=int(f.size_on_disk), refs=tuple(sorted(rev.refs)),
                     sha256=blob_name if _SHA256.match(blob_name) else None,
+                    git_sha1=blob_name if _SHA1.match(blob_name) else None,
                 ))
     return found
 

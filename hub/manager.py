@@ -37,7 +37,7 @@ from dgchat.hub.fit import recommend as _recommend
 from dgchat.hub.hardware import Hardware
 from dgchat.hub.hfcache import CachedGguf, find_in_hf_cache, scan_hf_cache
 from dgchat.hub.registry import InstalledModel, Registry
-from dgchat.hub.util import atomic_write_json, sha256_file
+from dgchat.hub.util import atomic_write_json, hash_file, sha256_file
 from dgchat.model_backend.errors import DgchatError, ModelFileError, UnsupportedModelError
 
 STATUSES = ("installed", "bundled", "in HF cache", "partial", "available", "missing")
@@ -283,6 +283,9 @@ class ModelManager:
                 return PullResult(path=existing.path, action="already installed", model=existing)
             self.registry.remove(existing.name)  # its file is gone: install afresh
         report = _Reporter(entry.installed_name, progress)
+        if not entry.pinned:
+            report.notes.append("the catalog pins no sha256 and commit for this model: the file is checked "
+                                "against the hash the hub reports for it")
         if use_hf_cache:
             cached = find_in_hf_cache(entry.repo or "", entry.filename or "", entry.revision,
                                       cache_dir=self.hf_cache_dir)
@@ -330,13 +333,17 @@ class ModelManager:
     def _from_hf_cache(self, entry: CatalogEntry, cached: CachedGguf, report: _Reporter,
                        cancel: threading.Event) -> PullResult | None:
         expected = entry.sha256 or cached.sha256
+        git_sha1 = cached.git_sha1 if expected is None else None  # a git-stored file's blob is named by it
         report("verifying", 0, cached.size, "found in the Hugging Face cache")
-        digest = sha256_file(cached.path, cancel=cancel, progress=lambda d, t: report("verifying", d, t))
-        if expected is not None and digest != expected:
+        digest, blob_sha1 = hash_file(cached.path, git_blob=git_sha1 is not None, cancel=cancel,
+                                      progress=lambda d, t: report("verifying", d, t))
+        if (expected is not None and digest != expected) or (git_sha1 is not None and blob_sha1 != git_sha1):
+            want = expected or git_sha1 or ""
             report.notes.append(f"the copy in the Hugging Face cache ({cached.path}) is corrupt "
-                                f"(sha256 {digest[:12]}..., expected {expected[:12]}...); downloading instead")
+                                f"(expected {want[:12]}...); downloading instead")
             return None
-        how = "catalog sha256" if entry.sha256 else ("HF cache blob sha256" if cached.sha256 else "size only")
+        how = ("catalog sha256" if entry.sha256 else "HF cache blob sha256" if cached.sha256 else
+               "HF cache blob git sha1" if git_sha1 else "size only")
         if entry.convert:
             self.models_dir.mkdir(parents=True, exist_ok=True)
             target = self.models_dir / entry.installed_name

@@ -20,6 +20,7 @@ from dgchat.hub.errors import DownloadError, HubError, NotFoundOnHubError, Token
 from dgchat.hub.offline import hub_network
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHA1 = re.compile(r"^[0-9a-f]{40}$")
 HEAD_TIMEOUT = 20.0
 
 
@@ -57,6 +58,7 @@ class RemoteFile:
     sha256: str | None  # the LFS etag when it is a sha256 (git-stored files have a sha1 etag)
     url: str  # resolve URL pinned to `commit`: the bytes cannot change under a resumed download
     endpoint: str
+    git_sha1: str | None = None  # a git-stored file's ETag: sha1 of b"blob <size>\0" + content
 
 
 def describe_hub_error(exc: BaseException, repo: str, filename: str, revision: str, had_token: bool) -> HubError:
@@ -124,9 +126,10 @@ def resolve_remote(repo: str, filename: str, *, revision: str = "main", token: s
                             "is HF_ENDPOINT a Hugging Face hub?")
     if not meta.etag:
         raise DownloadError(f"{base} sent no ETag for {repo}/{filename}; cannot download it reliably")
-    etag = meta.etag.lower()
+    etag = meta.etag.lower().removeprefix("w/").strip('"')
     return RemoteFile(
         repo=repo, filename=filename, revision=revision, commit=meta.commit_hash, etag=meta.etag,
         size=meta.size, sha256=etag if _SHA256.match(etag) else None,
         url=hf_hub_url(repo, filename, revision=meta.commit_hash, endpoint=base), endpoint=base,
+        git_sha1=etag if _SHA1.match(etag) else None,
     )

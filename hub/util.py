@@ -42,8 +42,19 @@ def parse_size(text: str) -> int:
 def sha256_file(path: Path, *, progress: Callable[[int, int], None] | None = None,
                 cancel: threading.Event | None = None) -> str:
     """Hex sha256 of `path`; progress(done, total) per 4 MiB; raises DownloadCancelled when `cancel` is set."""
+    return hash_file(path, progress=progress, cancel=cancel)[0]
+
+
+def hash_file(path: Path, *, git_blob: bool = False, progress: Callable[[int, int], None] | None = None,
+              cancel: threading.Event | None = None) -> tuple[str, str | None]:
+    """(hex sha256, hex git blob sha1 or None) of `path`, in one read.
+
+    The git blob sha1 (sha1 of b"blob <size>\\0" + content) is what the hub sends as the ETag of a
+    file stored in git rather than LFS (config files, small GGUFs): checking it is the only
+    verification such a file has when the catalog pins no sha256."""
     total = os.path.getsize(path)
     h = hashlib.sha256()
+    g = hashlib.sha1(b"blob %d\0" % total, usedforsecurity=False) if git_blob else None
     done = 0
     with open(path, "rb") as fh:
         while True:
@@ -53,10 +64,12 @@ def sha256_file(path: Path, *, progress: Callable[[int, int], None] | None = Non
             if not chunk:
                 break
             h.update(chunk)
+            if g is not None:
+                g.update(chunk)
             done += len(chunk)
             if progress is not None:
                 progress(done, total)
-    return h.hexdigest()
+    return h.hexdigest(), (g.hexdigest() if g is not None else None)
 
 
 class FileLock:
@@ -85,10 +98,22 @@ class FileLock:
         fd = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            if not _lock_fd(fd, blocking):
+            for _ in range(100):
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+                if not _lock_fd(fd, blocking):
+                    os.close(fd)
+                    fd = None
+                    break
+                # The holder may have deleted the lock file (release(unlink=True)) between our open
+                # and our lock: we then hold a lock on a file nobody else can find, and a third process
+                # could lock a new file at the same path. Only a lock on the file the path names now
+                # counts; otherwise try again on the new file.
+                if _same_file(fd, self.path):
+                    break
                 os.close(fd)
                 fd = None
+            else:  # pragma: no cover - a path deleted 100 times in a row
+                raise HubError(f"{self.path}: the lock file keeps disappearing")
         except BaseException:
             if fd is not None:
                 os.close(fd)
@@ -103,12 +128,22 @@ class FileLock:
         self._fd = fd
         return True
 
-    def release(self) -> None:
+    def release(self, *, unlink: bool = False) -> None:
+        """Unlock. unlink=True also deletes the lock file, while it is still held: a process that
+        opened it meanwhile finds, once it gets the lock, that the path no longer names that file
+        (see acquire) and starts over, so no two processes ever hold the lock at once. Deleting it
+        after unlocking (as dgchat once did) let a waiting process lock the old file while another
+        created and locked a new one."""
         if self._fd is None:
             return
         with FileLock._held_lock:
             FileLock._held.discard(str(self.path.absolute()))
         try:
+            if unlink and sys.platform != "win32":  # Windows refuses to delete an open file
+                try:
+                    os.unlink(self.path)
+                except FileNotFoundError:
+                    pass
             _unlock_fd(self._fd)
         finally:
             os.close(self._fd)
@@ -120,6 +155,17 @@ class FileLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    if sys.platform == "win32":  # pragma: no cover - an open file cannot be deleted there
+        return True
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
 if sys.platform == "win32":  # pragma: no cover - exercised on Windows only

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from dgchat.model_backend import llamacpp
+from dgchat.model_backend import llamacpp, prompt_tokens
 from dgchat.model_backend.canvas import Canvas, Cell
 from dgchat.model_backend.chat_template import CHATML, render_chat
 from dgchat.model_backend.errors import ContextOverflowError, GenerationCancelled, InvalidParameterError
@@ -48,6 +48,7 @@ class DiffusionEngine:
         self._ctx: llamacpp.LlamaContext | None = None
         self._ctx_shape = (0, 1, 0)  # tokens per sequence, sequences, tokens per decode
         self._pieces: dict[int, str] = {}
+        self._special_attr: dict[int, bool] = {}
         self._lock = threading.Lock()  # one generation at a time per engine
         self._eog = model.eog_ids()
         # the engine's diffusion head: the samplers' vocabulary-wide work in llama.cpp's graph
@@ -102,20 +103,44 @@ class DiffusionEngine:
 
     # -- text ---------------------------------------------------------------------------------
     def chat_prompt(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> np.ndarray:
+        """The conversation through the model's chat template, as token ids.
+
+        Only the template's own markers become control tokens: text in the messages that spells a
+        control token (`<|im_end|>`, `<end_of_turn>`) stays plain text (model_backend/prompt_tokens)."""
         template = self.info.chat_template or CHATML
         bos = self.model.token_piece(self.model.bos).decode("utf-8", "replace") if self.model.bos is not None else ""
         eos = self.model.token_piece(self.model.eos).decode("utf-8", "replace") if self.model.eos is not None else ""
-        text = render_chat(template, list(messages), add_generation_prompt=add_generation_prompt,
-                           bos_token=bos, eos_token=eos)
-        return self.encode(text)
+        render = lambda msgs: render_chat(template, msgs, add_generation_prompt=add_generation_prompt,  # noqa: E731
+                                          bos_token=bos, eos_token=eos)
+        text = render(prompt_tokens.guard_messages(list(messages)))
+        tokens = prompt_tokens.tokenize_guarded(text, self._tokenize, self._parsed_as_special)
+        if tokens is None:  # the template cut a message's marker off: defuse the text instead
+            defused = prompt_tokens.defuse_messages(list(messages), self._tokenize, self._parsed_as_special, self.piece)
+            tokens = self._tokenize(render(defused), True)
+        return self._with_bos(tokens)
 
-    def encode(self, text: str) -> np.ndarray:
-        """Tokenize with special tokens parsed; a BOS is added once (templates often write it)."""
-        tokens = self.model.tokenize(text, add_special=False, parse_special=True)
+    def encode(self, text: str, *, special: bool = False) -> np.ndarray:
+        """Tokenize `text`; a BOS is added once (templates often write it).
+
+        special=False (the default): control-token text stays plain text, as for anything a person
+        wrote. special=True is the explicit opt-in for raw prompts whose author writes the markers
+        (`dgchat generate --raw`)."""
+        return self._with_bos(self._tokenize(text, special))
+
+    def _tokenize(self, text: str, special: bool) -> np.ndarray:
+        return self.model.tokenize(text, add_special=False, parse_special=special)
+
+    def _parsed_as_special(self, token: int) -> bool:
+        cached = self._special_attr.get(token)
+        if cached is None:
+            cached = self._special_attr[token] = self.model.parsed_as_special(token)
+        return cached
+
+    def _with_bos(self, tokens: np.ndarray) -> np.ndarray:
         bos = self.model.bos
         if self.model.add_bos and bos is not None and (tokens.size == 0 or tokens[0] != bos):
             tokens = np.concatenate([np.array([bos], dtype=np.int32), tokens])
-        return tokens
+        return tokens.astype(np.int32, copy=False)
 
     def piece(self, token: int) -> str:
         """Display text of one token (special tokens rendered), cached."""

@@ -68,6 +68,7 @@ class GgufHeader:
     tensors: dict[str, TensorInfo] = field(default_factory=dict)
     data_offset: int = 0
     file_size: int = 0
+    values_checked: bool = field(default=False, repr=False)  # model_check.check_model_header passed
 
     @property
     def architecture(self) -> str | None:
@@ -197,14 +198,19 @@ def read_gguf_header(path: str | os.PathLike[str]) -> GgufHeader:
         raise ModelFileError(f"model file not found: {path}")
     if path.is_dir():
         raise ModelFileError(f"{path} is a folder, not a GGUF file")
-    file_size = path.stat().st_size
-    if file_size < 24:
-        raise ModelFileError(f"{path.name}: not a GGUF file (only {file_size} bytes)")
-    with open(path, "rb") as fh:
-        if fh.read(4) != GGUF_MAGIC:
-            raise ModelFileError(f"{path.name}: not a GGUF file (bad magic bytes)")
-        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            return _parse(mm, path, file_size)
+    try:
+        if not path.is_file():
+            raise ModelFileError(f"{path.name}: not a regular file")
+        file_size = path.stat().st_size
+        if file_size < 24:
+            raise ModelFileError(f"{path.name}: not a GGUF file (only {file_size} bytes)")
+        with open(path, "rb") as fh:
+            if fh.read(4) != GGUF_MAGIC:
+                raise ModelFileError(f"{path.name}: not a GGUF file (bad magic bytes)")
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                return _parse(mm, path, file_size)
+    except OSError as exc:  # unreadable (permissions, I/O error, a device): one line, not a traceback
+        raise ModelFileError(f"{path.name}: cannot read it ({exc.strerror or type(exc).__name__})") from None
 
 
 def _parse(mm: mmap.mmap, path: Path, file_size: int) -> GgufHeader:
@@ -221,6 +227,8 @@ def _parse(mm: mmap.mmap, path: Path, file_size: int) -> GgufHeader:
     for _ in range(n_kv):
         key = r.string()
         vtype = r.unpack("<I")
+        if key in metadata:  # ggml's own reader refuses it too; which value would win is undefined
+            raise ModelFileError(f"{path.name}: corrupt GGUF header (metadata key {key[:80]!r} appears twice)")
         metadata[key] = r.value(vtype, lazy=True)
     alignment = metadata.get("general.alignment", 32)
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):

@@ -328,6 +328,10 @@ class LlamaModel:
     ) -> None:
         self.path = Path(path)
         self.header = header if header is not None else read_gguf_header(self.path)
+        # llama.cpp GGML_ASSERTs (aborts the process) on some out-of-range values: none reach it
+        from dgchat.model_backend.model_check import check_model_header
+
+        check_model_header(self.header)
         params = _llama.llama_model_default_params()
         if n_gpu_layers is None:
             n_gpu_layers = 999 if _llama.llama_supports_gpu_offload() else 0
@@ -424,6 +428,14 @@ class LlamaModel:
 
     def is_control(self, token: int) -> bool:
         return bool(_llama.llama_vocab_is_control(self._vocab, int(token)))
+
+    def parsed_as_special(self, token: int) -> bool:
+        """Whether tokenizing with parse_special=True is what produces this token from its text
+        (control and unknown tokens; user-defined ones are matched either way)."""
+        if not 0 <= int(token) < self.n_vocab:
+            return False
+        attr = int(_llama.llama_vocab_get_attr(self._vocab, int(token)))
+        return bool(attr & (_llama.LLAMA_TOKEN_ATTR_CONTROL | _llama.LLAMA_TOKEN_ATTR_UNKNOWN))
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> np.ndarray:
         raw = text.encode("utf-8")

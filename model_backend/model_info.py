@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dgchat.model_backend.errors import UnsupportedModelError
+from dgchat.model_backend.errors import InvalidParameterError, ModelFileError, UnsupportedModelError
 from dgchat.model_backend.gguf_file import GgufHeader
 
 # Architectures llama.cpp itself treats as diffusion models (llm_arch_is_diffusion): no KV memory.
 NATIVE_DIFFUSION_ARCHS = ("llada", "llada-moe", "dream", "rnd1")
 SUPPORTED_HELP = (
     "llada, llada-moe, dream, rnd1, DiffusionGemma (gemma4 GGUFs converted by `dgchat convert`), "
-    "or any architecture whose GGUF sets attention.causal = false and a mask token"
+    "or their KV-cache conversions (llama, qwen2, qwen3moe, hy_v3 with attention.causal = false and a mask token)"
 )
 
 # Published sampler settings per family (model cards / reference generate code):
@@ -82,8 +82,67 @@ def _bool(value: Any, default: bool) -> bool:
     return default
 
 
+# the type each recommended default must have in the file (DiffusionParams checks the range)
+_DEFAULT_TYPES: dict[str, type] = {
+    "steps": int, "gen_length": int, "block_length": int, "top_k": int, "stability_threshold": int,
+    "algorithm": str,
+    "threshold": float, "temperature": float, "eps": float, "top_p": float, "entropy_bound": float, "t_min": float,
+    "t_max": float, "confidence_threshold": float,
+}
+
+
+def _checked_default(header: GgufHeader, key: str, param: str, value: Any) -> Any:
+    """A sampler default from the file, type- and range-checked like a user's flag (the same bounds:
+    a file must not be able to ask for 4e9 steps or a canvas of a billion tokens)."""
+    from dgchat.model_backend.params import DiffusionParams
+
+    want = _DEFAULT_TYPES[param]
+    ok = (isinstance(value, str) if want is str else
+          isinstance(value, int) and not isinstance(value, bool) if want is int else
+          isinstance(value, (int, float)) and not isinstance(value, bool))
+    if not ok:
+        raise ModelFileError(f"{header.path.name}: metadata {key} = {value!r:.60} is not a valid {param} "
+                             f"({'an integer' if want is int else 'a number' if want is float else 'a string'} expected)")
+    try:
+        DiffusionParams(**{param: value}).validate()
+    except InvalidParameterError as exc:
+        raise ModelFileError(f"{header.path.name}: metadata {key} = {value!r:.60} is out of range ({exc})") from None
+    return value
+
+
+# A step computes logits for every canvas position over the whole vocabulary: the file's default
+# canvas may ask for at most this many float32 logits (2 GiB; DiffusionGemma 26B: 256 x 262,144 = 67 M).
+# A user can still ask for more with --gen-length; a file cannot make every run allocate it.
+MAX_DEFAULT_LOGITS = 1 << 29
+
+
+def _check_defaults(header: GgufHeader, defaults: dict[str, Any]) -> None:
+    """The defaults together, as `DiffusionEngine.resolve` will combine them (a block at least as long
+    as the canvas is dropped there, so it is dropped here too)."""
+    from dgchat.model_backend.model_check import vocab_size
+    from dgchat.model_backend.params import DiffusionParams
+
+    canvas = int(defaults.get("gen_length") or 128)
+    if canvas * vocab_size(header) > MAX_DEFAULT_LOGITS:
+        raise ModelFileError(f"{header.path.name}: the file's default canvas of {canvas} tokens over its "
+                             f"{vocab_size(header):,}-token vocabulary needs more than 2 GiB of logits a step")
+
+    combined = {k: v for k, v in defaults.items() if k in _DEFAULT_TYPES}
+    if combined.get("block_length") and combined.get("gen_length") and combined["block_length"] >= combined["gen_length"]:
+        combined.pop("block_length")
+    try:
+        DiffusionParams(**combined).validate()
+    except InvalidParameterError as exc:
+        raise ModelFileError(f"{header.path.name}: the file's recommended sampler settings do not fit together ({exc})") from None
+
+
 def inspect_header(header: GgufHeader) -> ModelInfo:
-    """Classify the model or raise UnsupportedModelError with a one-line reason."""
+    """Classify the model or raise UnsupportedModelError / ModelFileError with a one-line reason.
+
+    Every value dgchat or llama.cpp will read is type- and range-checked first (model_check)."""
+    from dgchat.model_backend.model_check import check_model_header
+
+    check_model_header(header)
     arch = header.architecture
     name = header.get("general.name") or header.path.stem
     if not arch:
@@ -95,7 +154,7 @@ def inspect_header(header: GgufHeader) -> ModelInfo:
         )
     mask = header.get("tokenizer.ggml.mask_token_id")
     template = header.get("tokenizer.chat_template")
-    ctx_len = int(header.arch_key("context_length", 0) or 0)
+    ctx_len = int(header.arch_key("context_length", 0) or 0)  # an int in range: model_check
     if arch == "gemma4" and header.get("dgchat.family") == "diffusion-gemma":
         family, preset, has_memory, shift = "diffusion_gemma", "diffusion_gemma", True, False
     elif arch in NATIVE_DIFFUSION_ARCHS:
@@ -118,6 +177,9 @@ def inspect_header(header: GgufHeader) -> ModelInfo:
             )
         family, has_memory = "masked", True
         preset = header.get("dgchat.preset") or ("dream" if arch in ("qwen2", "qwen3moe") else "llada")
+        if not isinstance(preset, str) or preset not in _FAMILY_DEFAULTS or preset == "diffusion_gemma":
+            raise ModelFileError(f"{header.path.name}: metadata dgchat.preset = {preset!r:.60} is not one of "
+                                 f"llada, dream, rnd1")
         shift = _bool(header.get("diffusion.shift_logits"), preset == "dream")
     defaults = dict(_FAMILY_DEFAULTS.get(preset, _FAMILY_DEFAULTS["llada"]))
     if family == "diffusion_gemma":
@@ -125,13 +187,14 @@ def inspect_header(header: GgufHeader) -> ModelInfo:
         for key, param in _DG_KEYS.items():
             value = header.get("dgchat.diffusion." + key)
             if value is not None:
-                defaults[param] = value
+                defaults[param] = _checked_default(header, "dgchat.diffusion." + key, param, value)
     for key, param in _DEFAULT_KEYS.items():
         value = header.get(key)
         if value is not None:
-            defaults[param] = value
+            defaults[param] = _checked_default(header, key, param, value)
     if defaults.get("block_length") and "eps" in defaults:
         defaults.pop("eps")  # a file that asks for blocks overrides the family's timestep schedule
+    _check_defaults(header, defaults)
     return ModelInfo(
         architecture=arch,
         family=family,

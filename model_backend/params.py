@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -13,6 +15,19 @@ CACHE_MODES = ("auto", "none", "prefix", "dual")  # auto: prefix where the model
 # where a step's vocabulary-wide sampler work runs: auto = the backend with dgchat's engine, else the host
 SAMPLER_PLACES = ("auto", "backend", "host")
 SOFT_EMBEDDINGS = ("auto", "exact", "top-k")  # DiffusionGemma's self-conditioning soft embedding
+
+# Upper bounds shared by the CLI, the app, the API and model files' defaults. They are far above any
+# published setting (LLaDA: 1,024 steps for 1,024 tokens; DiffusionGemma: 48 steps, canvas 256) and
+# exist so that a number from an untrusted source cannot make a loop or a schedule list run for hours
+# or allocate gigabytes (a GGUF with dgchat.steps = 4e9 did exactly that).
+MAX_STEPS = 8192  # denoising steps per canvas: the block schedule holds one entry per step
+MAX_GEN_LENGTH = 8192  # canvas length: tokens decoded in one non-causal batch
+MAX_TOKENS = 1 << 20  # longest answer over all canvases (the context bounds it further)
+MAX_TOP_K = 1 << 22  # larger than any vocabulary llama.cpp loads
+MAX_SCALE = 1000.0  # temperature, cfg scale, alg_temp, factor, t_min / t_max
+MAX_BUDGET = 1e12  # entropy bound, confidence threshold (finite, else unbounded in meaning only)
+MAX_SEED = (1 << 64) - 1
+MAX_LOGIT_BIAS = 65536  # entries (banned words expand to every token form of the word)
 
 
 @dataclass(frozen=True)
@@ -67,18 +82,52 @@ class DiffusionParams:
         return asdict(self)
 
     def validate(self) -> None:
-        """Raise InvalidParameterError naming the first bad value."""
+        """Raise InvalidParameterError naming the first bad value (the field as its CLI flag).
+
+        Types are checked too (a value may come from JSON, TOML or a model file): integers must be
+        ints (not bools or floats), numbers must be finite."""
 
         def bad(msg: str) -> None:
             raise InvalidParameterError(msg)
 
-        if self.steps is not None and self.steps <= 0:
-            bad(f"--steps must be a positive integer (got {self.steps})")
-        if self.gen_length is not None and self.gen_length <= 0:
-            bad(f"--gen-length must be a positive integer (got {self.gen_length})")
+        def whole(name: str, value: Any, lo: int, hi: int, what: str) -> None:
+            if value is None:
+                return
+            if not _is_int(value) or value < lo:
+                bad(f"--{name} must be {what} (got {value!r})")
+            if value > hi:
+                bad(f"--{name} must be at most {hi} (got {value!r})")
+
+        def number(name: str, value: Any, *, optional: bool = True) -> float | None:
+            if value is None and optional:
+                return None
+            if not _is_number(value):
+                bad(f"--{name} must be a finite number (got {value!r})")
+            return float(value)
+
+        whole("steps", self.steps, 1, MAX_STEPS, "a positive integer")
+        whole("gen-length", self.gen_length, 1, MAX_GEN_LENGTH, "a positive integer")
+        whole("block-length", self.block_length, 1, MAX_GEN_LENGTH, "a positive integer")
+        whole("max-tokens", self.max_tokens, 1, MAX_TOKENS, "a positive integer")
+        whole("top-k", self.top_k, 0, MAX_TOP_K, "an integer >= 0")
+        whole("stability-threshold", self.stability_threshold, 0, MAX_STEPS, "an integer >= 0")
+        whole("seed", self.seed, 0, MAX_SEED, "an integer >= 0")
+        for name in ("eps", "temperature", "top_p", "threshold", "factor", "entropy_bound", "t_min", "t_max",
+                     "confidence_threshold"):
+            value = number(name.replace("_", "-"), getattr(self, name))
+            # the entropy bound and confidence threshold are budgets summed over the canvas: 1e6 is a
+            # legitimate "no bound"; no loop or allocation grows with either
+            limit = MAX_BUDGET if name in ("entropy_bound", "confidence_threshold") else MAX_SCALE
+            if value is not None and abs(value) > limit:
+                bad(f"--{name.replace('_', '-')} must be at most {limit:g} in size (got {value!r})")
+        for name in ("cfg_scale", "alg_temp"):
+            value = number(name.replace("_", "-"), getattr(self, name), optional=False)
+            if abs(value) > MAX_SCALE:
+                bad(f"--{name.replace('_', '-')} must be at most {MAX_SCALE:g} (got {value!r})")
+        for name in ("gumbel", "early_stop", "autoregressive"):
+            if not isinstance(getattr(self, name), bool):
+                bad(f"{name} must be true or false (got {getattr(self, name)!r})")
         if self.block_length is not None:
-            if self.block_length <= 0:
-                bad(f"--block-length must be a positive integer (got {self.block_length})")
             if self.mode == "dgchat" and self.gen_length and self.gen_length % self.block_length:
                 bad(
                     f"canvas length {self.gen_length} is not divisible by block length {self.block_length}"
@@ -89,8 +138,6 @@ class DiffusionParams:
             bad(f"--eps must be in [0, 1) (got {self.eps})")
         if self.temperature is not None and self.temperature < 0:
             bad(f"--temperature must be >= 0 (got {self.temperature})")
-        if self.top_k is not None and self.top_k < 0:
-            bad(f"--top-k must be >= 0 (got {self.top_k})")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             bad(f"--top-p must be in (0, 1] (got {self.top_p})")
         if self.cfg_scale < 0:
@@ -103,8 +150,6 @@ class DiffusionParams:
             bad("--threshold and --factor are alternatives; give one")
         if self.alg_temp < 0:
             bad(f"--alg-temp must be >= 0 (got {self.alg_temp})")
-        if self.max_tokens is not None and self.max_tokens <= 0:
-            bad(f"--max-tokens must be a positive integer (got {self.max_tokens})")
         if self.mode not in MODES:
             bad(f"--mode must be one of {', '.join(MODES)} (got {self.mode!r})")
         if self.cache not in CACHE_MODES:
@@ -119,10 +164,14 @@ class DiffusionParams:
             bad("reference mode recomputes every step; it cannot be combined with --cache")
         if self.mode == "reference" and self.logit_bias:
             bad("reference mode reproduces llama.cpp's example, which has no logit bias")
+        if not isinstance(self.logit_bias, (tuple, list)):
+            bad(f"logit_bias must be a list of (token id, bias) pairs (got {type(self.logit_bias).__name__})")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            bad(f"logit_bias has {len(self.logit_bias)} entries; at most {MAX_LOGIT_BIAS} are allowed")
         for entry in self.logit_bias:
-            if len(entry) != 2 or not isinstance(entry[0], int) or isinstance(entry[0], bool) or entry[0] < 0:
+            if not isinstance(entry, (tuple, list)) or len(entry) != 2 or not _is_int(entry[0]) or entry[0] < 0:
                 bad(f"logit_bias keys must be token ids >= 0 (got {entry!r})")
-            if not isinstance(entry[1], (int, float)) or not -100.0 <= float(entry[1]) <= 100.0:
+            if not _is_number(entry[1]) or not -100.0 <= float(entry[1]) <= 100.0:
                 bad(f"logit_bias values must be numbers in [-100, 100] (got {entry[1]!r} for token {entry[0]})")
         if self.entropy_bound is not None and self.entropy_bound <= 0:
             bad(f"--entropy-bound must be > 0 (got {self.entropy_bound})")
@@ -135,6 +184,14 @@ class DiffusionParams:
                     f"--steps {self.steps} must be a multiple of the number of blocks "
                     f"({self.gen_length} / {self.block_length} = {n_blocks})"
                 )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 _FIELD_NAMES = {f.name for f in fields(DiffusionParams)}

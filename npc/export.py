@@ -28,6 +28,21 @@ CSV_COLUMNS = ("id", "character", "character_name", "context", "text", "template
 _JSON_COLUMNS = ("variables", "holes", "settings")
 _INT_COLUMNS = ("seed", "attempt", "sampler_seed", "variant")
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+# A spreadsheet opening the CSV evaluates a cell that starts with one of these as a formula
+# (OWASP "CSV injection"): `=HYPERLINK(...)` from a card or a generated line would run. Such text
+# cells get a leading apostrophe, which spreadsheets show as text; a cell already starting with
+# apostrophes before one of these gets one more, so read_csv_lines can always remove exactly one.
+_FORMULA = re.compile(r"^'*[=+\-@\t\r]")
+_TEXT_COLUMNS = ("id", "character", "character_name", "context", "text", "template", "model", "stop_reason")
+
+
+def neutralise_cell(value: str) -> str:
+    """A text cell safe to open in a spreadsheet (see _FORMULA); `restore_cell` undoes it."""
+    return "'" + value if _FORMULA.match(value) else value
+
+
+def restore_cell(value: str) -> str:
+    return value[1:] if value.startswith("'") and _FORMULA.match(value[1:]) else value
 
 
 @lru_cache(maxsize=1)
@@ -110,6 +125,8 @@ def export_csv(document: dict[str, Any]) -> str:
                 value = json.dumps(value, ensure_ascii=False, sort_keys=True)
             elif value is None:
                 value = ""
+            elif col in _TEXT_COLUMNS:
+                value = neutralise_cell(str(value))
             row.append(value)
         writer.writerow(row)
     return out.getvalue()
@@ -123,6 +140,8 @@ def read_csv_lines(text: str) -> list[dict[str, Any]]:
     lines = []
     for row in reader:
         line: dict[str, Any] = dict(row)
+        for col in _TEXT_COLUMNS:
+            line[col] = restore_cell(line[col])
         for col in _JSON_COLUMNS:
             line[col] = json.loads(row[col])
         for col in _INT_COLUMNS:

@@ -102,13 +102,16 @@ def test_tokenizer_round_trips(engine, text: str) -> None:
 
 
 def test_chat_turns_tokenize_to_the_special_tokens(engine) -> None:
-    tokens = engine.encode("<start_of_turn>HOST\nWell met.<end_of_turn>\n")
+    # a raw prompt's author opts in to markers; by default the same text stays plain text
+    tokens = engine.encode("<start_of_turn>HOST\nWell met.<end_of_turn>\n", special=True)
     pieces = [engine.piece(int(t)) for t in tokens]
     assert "<start_of_turn>" in pieces and "<end_of_turn>" in pieces
+    plain = [engine.piece(int(t)) for t in engine.encode("<start_of_turn>HOST\nWell met.<end_of_turn>\n")]
+    assert "<start_of_turn>" not in plain and "<end_of_turn>" not in plain
 
 
 def test_held_out_loss_is_far_below_unigram(engine) -> None:
-    ids = engine.encode(HELD_OUT)
+    ids = engine.encode(HELD_OUT, special=True)  # a rendered conversation: its markers are control tokens
     nll = -float(engine.pseudo_log_likelihood(ids[:1], ids[1:]).mean())
     assert nll < UNIGRAM_NATS - 1.5, nll  # random weights give ~ln(8192) = 9.0
 

@@ -243,10 +243,16 @@ def test_pinned_sha256_that_differs_from_the_hub_is_refused(hub, hf_home, tmp_pa
     assert hub.cdn_gets() == []
 
 
-def test_git_stored_file_is_checked_by_size_or_pinned_sha(hub, hf_home, tmp_path: Path) -> None:
+def test_git_stored_file_is_checked_by_its_git_etag_or_pinned_sha(hub, hf_home, tmp_path: Path) -> None:
     f = hub.add_file(REPO, "small.gguf", model_bytes()[:300_000], lfs=False)
     res = fetch(hub, tmp_path / "a.gguf", filename="small.gguf")
-    assert res.verified_by == "size only" and res.remote.sha256 is None
+    assert res.verified_by == "hub git etag (sha1)" and res.remote.sha256 is None
+    assert res.remote.git_sha1 == hashlib.sha1(b"blob %d\0" % len(f.data) + f.data).hexdigest()
+    f.corrupt_at = 100  # a git-stored file served wrong: its ETag (git blob sha1) catches it
+    with pytest.raises(VerificationError, match="corrupt: git sha1"):
+        fetch(hub, tmp_path / "bad.gguf", filename="small.gguf")
+    assert not (tmp_path / "bad.gguf").exists() and not partial_paths(tmp_path / "bad.gguf")[0].exists()
+    f.corrupt_at = None
     res = fetch(hub, tmp_path / "b.gguf", filename="small.gguf", sha256=f.sha256)
     assert res.verified_by == "catalog sha256"
     f.corrupt_at = 10

@@ -84,6 +84,13 @@ class Hparams:
     canvas_length: int
     tied: bool
 
+    def __post_init__(self) -> None:
+        from dgchat.convert.families.masked import check_sizes
+
+        check_sizes({k: v for k, v in self.__dict__.items() if k not in ("layer_types", "n_head_kv")})
+        if len(self.layer_types) > 512 or not all(isinstance(h, int) and 1 <= h <= 1024 for h in self.n_head_kv):
+            raise ConvertError("config.json: layer_types / num_key_value_heads are out of range")
+
     @property
     def n_layer(self) -> int:
         return len(self.layer_types)

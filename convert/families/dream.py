@@ -66,7 +66,7 @@ def hparams(cfg: dict[str, Any], n_vocab: int) -> m.Hparams:
 
 def plan_from_hf(ckpt: Checkpoint, outtype: str, name: str, *, cache_capable: bool = False) -> GGUFPlan:
     emb = ckpt.info(P + "embed_tokens.weight")
-    hp = hparams(ckpt.config, emb.shape[0])
+    hp = hparams(ckpt.config, emb.shape[0]).checked()  # config sizes bounded before any loop
     h, hd, ff = hp.hidden, hp.head_dim, hp.ff
     plan = GGUFPlan(FAMILY.arch(cache_capable))
     b = m.Builder(ckpt, plan, outtype)

@@ -138,7 +138,7 @@ def add_moe_layers(b: m.Builder, hp: m.Hparams, *, attn_bias: bool = False) -> N
 
 def plan_from_hf(ckpt: Checkpoint, outtype: str, name: str, *, cache_capable: bool = False) -> GGUFPlan:
     emb = ckpt.info("model.embed_tokens.weight")
-    hp = hparams(ckpt.config, emb.shape[0])
+    hp = hparams(ckpt.config, emb.shape[0]).checked()  # config sizes bounded before any loop
     plan = GGUFPlan(FAMILY.arch(cache_capable))
     b = m.Builder(ckpt, plan, outtype)
     b.add("model.embed_tokens.weight", "token_embd.weight", (hp.n_vocab, hp.hidden))

@@ -18,6 +18,8 @@ for all of them:
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +74,38 @@ class Hparams:
     n_expert: int = 0
     n_expert_used: int = 0
     expert_ff: int = 0
+
+    def checked(self) -> Hparams:
+        """These hparams, after check_sizes (what a family's plan_from_hf uses; a GGUF remap's
+        placeholders for unused fields are not checked)."""
+        check_sizes(self.__dict__)
+        return self
+
+
+# config.json sizes that drive the converter's loops and the written GGUF's allocations; the bounds
+# are far above real models and the same as dgchat.model_backend.model_check's for the GGUF
+_SIZE_BOUNDS = {
+    "n_vocab": (1, 1 << 22), "vocab_size": (1, 1 << 22), "hidden": (1, 1 << 16), "hidden_size": (1, 1 << 16),
+    "n_layer": (1, 512), "n_head": (1, 1024), "n_head_kv": (1, 1024), "head_dim": (1, 4096),
+    "head_dim_swa": (1, 4096), "head_dim_full": (1, 4096), "ff": (1, 1 << 20), "intermediate_size": (1, 1 << 20),
+    "context_length": (1, 1 << 24), "n_expert": (0, 1024), "n_expert_used": (0, 1024), "expert_ff": (0, 1 << 20),
+    "sliding_window": (1, 1 << 24), "canvas_length": (1, 8192), "full_rope_pairs": (0, 2048),
+}
+
+
+def check_sizes(values: dict[str, Any]) -> None:
+    """ConvertError naming the first config size that is not an integer in range, or a float key
+    (rope_theta*, rms_eps / rms_norm_eps, softcap) that is not a finite positive number."""
+    for key, value in values.items():
+        if key in _SIZE_BOUNDS:
+            lo, hi = _SIZE_BOUNDS[key]
+            if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+                raise ConvertError(f"config.json: {key} = {value!r:.40} is not an integer in [{lo}, {hi}]")
+        elif key.startswith("rope_theta") or key in ("rms_eps", "rms_norm_eps", "softcap"):
+            if value is None and key == "softcap":
+                continue
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0 or value > 1e30:
+                raise ConvertError(f"config.json: {key} = {value!r:.40} is not a finite number > 0")
 
 
 # -- config.json helpers ------------------------------------------------------------------------

@@ -70,7 +70,7 @@ def hparams(cfg: dict[str, Any], n_vocab: int) -> m.Hparams:
 
 def plan_from_hf(ckpt: Checkpoint, outtype: str, name: str, *, cache_capable: bool = False) -> GGUFPlan:
     emb = ckpt.info("model.embed_tokens.weight")
-    hp = hparams(ckpt.config, emb.shape[0])
+    hp = hparams(ckpt.config, emb.shape[0]).checked()  # config sizes bounded before any loop
     plan = GGUFPlan(FAMILY.arch(cache_capable))
     b = m.Builder(ckpt, plan, outtype)
     b.add("model.embed_tokens.weight", "token_embd.weight", (hp.n_vocab, hp.hidden))

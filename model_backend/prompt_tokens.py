@@ -53,8 +53,8 @@ def _map_text(value: Any, fn: Callable[[str], str]) -> Any:
     return value
 
 
-def guard_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Copies of the messages with people's text wrapped in MARK."""
+def _map_messages(messages: Sequence[dict[str, Any]], fn: Callable[[str], str]) -> list[dict[str, Any]]:
+    """Copies of the messages with `fn` applied to people's text (the guarded fields)."""
     out = []
     for message in messages:
         if not isinstance(message, dict):
@@ -63,9 +63,14 @@ def guard_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         copy = dict(message)
         for key in _GUARDED_FIELDS:
             if key in copy:
-                copy[key] = _map_text(copy[key], _wrap)
+                copy[key] = _map_text(copy[key], fn)
         out.append(copy)
     return out
+
+
+def guard_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Copies of the messages with people's text wrapped in MARK."""
+    return _map_messages(messages, _wrap)
 
 
 def _specials(tokens: np.ndarray, is_special: Callable[[int], bool]) -> list[int]:
@@ -106,14 +111,4 @@ def defuse_messages(messages: Sequence[dict[str, Any]], tokenize: Tokenize, is_s
                 text = text.replace(marker, marker[0] + JOINER + marker[1:])
         return text.replace("<", "<" + JOINER)  # pathological: nothing that looks like a marker is left
 
-    out = []
-    for message in messages:
-        if not isinstance(message, dict):
-            out.append(message)
-            continue
-        copy = dict(message)
-        for key in _GUARDED_FIELDS:
-            if key in copy:
-                copy[key] = _map_text(copy[key], defuse)
-        out.append(copy)
-    return out
+    return _map_messages(messages, defuse)

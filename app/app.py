@@ -6,56 +6,24 @@ fails to load is reported in a dialog and the app keeps running. One engine is l
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
-from textual import work
-from textual.app import App
-from textual.binding import Binding
-from textual.message import Message
-from textual.screen import Screen
-
 from dgchat.app.commands import PROVIDERS
 from dgchat.app.config import Config, validate_for_app
-from dgchat.app.engine_job import stop_tools, tools_busy
-from dgchat.app.error_modal import ErrorModal
 from dgchat.app.help_modal import HelpModal, HelpRows
 from dgchat.app.no_model_screen import NoModelScreen
-from dgchat.app.paths import short_path  # noqa: F401 - used here and imported from here
+from dgchat.app.paths import short_path
+from dgchat.app.session import ModelSession, SessionCall
 from dgchat.app.store import Store
 from dgchat.app.tool_commands import TOOL_PROVIDERS
-from dgchat.model_backend.errors import DgchatError
+from dgchat.app.tool_screen import tool_screens
+from textual.app import App
+from textual.binding import Binding
+from textual.screen import Screen
 
 DARK, LIGHT = "textual-dark", "textual-light"
 
-
-
-
-def display_name(path: Path | str | None) -> str:
-    return Path(path).name if path else "no model"
-
-
-class ModelProgress(Message):
-    def __init__(self, path: Path, fraction: float) -> None:
-        super().__init__()
-        self.path = path
-        self.fraction = fraction
-
-
-class ModelLoaded(Message):
-    def __init__(self, path: Path, engine: Any) -> None:
-        super().__init__()
-        self.path = path
-        self.engine = engine
-
-
-class ModelFailed(Message):
-    def __init__(self, path: Path, error: str) -> None:
-        super().__init__()
-        self.path = path
-        self.error = error
 
 
 class DgchatApp(App[int]):
@@ -85,14 +53,8 @@ class DgchatApp(App[int]):
         super().__init__(**kwargs)
         self.config = config
         self.store = store
-        self.default_model_path = Path(model_path) if model_path else None
+        self.session = ModelSession(self, config, Path(model_path) if model_path else None)
         self.open_chat_id = open_chat
-        self.engine: Any = None
-        self.engine_path: Path | None = None
-        self.loading_path: Path | None = None
-        self.load_fraction = 0.0
-        self.load_errors: dict[Path, str] = {}  # last failure per model path, for the status line
-        self._shutting_down = threading.Event()
         validate_for_app(config, themes=set(self.available_themes), binding_ids=set(all_binding_ids()))
         if config.keys:
             self.set_keymap(config.keys)
@@ -116,8 +78,8 @@ class DgchatApp(App[int]):
         self.push_screen(ChatScreen(open_chat=self.open_chat_id))
         first = self.first_run_screen()
         # the wizard loads the model the user picks; loading the fallback meanwhile would be wasted
-        if self.default_model_path is not None and not _is_wizard(first):
-            self.load_model(self.default_model_path)
+        if self.session.default_path is not None and not _is_wizard(first):
+            self.session.load(self.session.default_path)
         if first is not None:
             self.push_screen(first, self._after_first_run)
 
@@ -131,7 +93,7 @@ class DgchatApp(App[int]):
             from dgchat.app.wizard_screen import WizardScreen
 
             return WizardScreen()
-        if self.default_model_path is None:
+        if self.session.default_path is None:
             return NoModelScreen(short_path(self.config.path))
         return None
 
@@ -139,7 +101,8 @@ class DgchatApp(App[int]):
         """A model named on the command line or in $DGCHAT_MODEL (not the bundled fallback)."""
         from dgchat.assets import bundled_model_path
 
-        return self.default_model_path is not None and self.default_model_path != bundled_model_path()
+        default = self.session.default_path
+        return default is not None and default != bundled_model_path()
 
     def _after_first_run(self, result: str | None) -> None:
         if result == "open":
@@ -152,98 +115,9 @@ class DgchatApp(App[int]):
         except Exception:  # noqa: BLE001 - the store may be closed while the app exits
             pass
 
-    # -- models ---------------------------------------------------------------------------------
-    def load_model(self, path: Path, *, force: bool = False) -> bool:
-        """Start loading `path` unless it is loaded or loading; False when it cannot start now."""
-        path = Path(path)
-        if not force and self.engine is not None and self.engine_path == path:
-            return True
-        if self.loading_path == path:
-            return True
-        try:
-            if self.chat_screen.generating:
-                self.notify("Stop the answer first (Esc), then switch models.", severity="warning")
-                return False
-        except LookupError:
-            pass
-        if tools_busy(self):  # the NPC workshop or the drafting screen is using the engine
-            self.notify("Stop the generation first (Esc), then switch models.", severity="warning")
-            return False
-        self.loading_path = path
-        self.load_fraction = 0.0
-        self.load_errors.pop(path, None)
-        self._load_worker(path)
-        self._model_state_changed()
-        return True
-
-    @work(thread=True, exclusive=True, group="model-load", exit_on_error=False)
-    def _load_worker(self, path: Path) -> None:
-        from dgchat.model_backend.engine import DiffusionEngine
-
-        last = [0.0, -1.0]
-
-        def progress(fraction: float) -> bool:
-            now = time.monotonic()
-            if fraction >= 1.0 or fraction - last[1] >= 0.01 and now - last[0] >= 0.05:
-                last[0], last[1] = now, fraction
-                self.post_message(ModelProgress(path, fraction))
-            return not self._shutting_down.is_set()  # False aborts the load when the app quits
-
-        try:
-            engine = DiffusionEngine.load(
-                path, n_gpu_layers=self.config.n_gpu_layers, n_threads=self.config.n_threads, progress=progress
-            )
-        except DgchatError as exc:
-            self.post_message(ModelFailed(path, str(exc)))
-        except Exception as exc:  # noqa: BLE001 - shown to the user, not raised in a thread
-            self.post_message(ModelFailed(path, f"{type(exc).__name__}: {exc}"))
-        else:
-            if self._shutting_down.is_set() or not self.post_message(ModelLoaded(path, engine)):
-                engine.close()
-
-    def on_model_progress(self, message: ModelProgress) -> None:
-        if message.path == self.loading_path:
-            self.load_fraction = message.fraction
-            self._model_state_changed()
-
-    def on_model_loaded(self, message: ModelLoaded) -> None:
-        if message.path != self.loading_path:
-            message.engine.close()  # superseded by a later request
-            return
-        old = self.engine
-        self.engine, self.engine_path = message.engine, message.path
-        self.loading_path = None
-        if old is not None and old is not message.engine:
-            old.close()
-        self._model_state_changed()
-        self.chat_screen.model_ready()
-
-    def on_model_failed(self, message: ModelFailed) -> None:
-        if message.path != self.loading_path:
-            return
-        self.loading_path = None
-        self.load_errors[message.path] = message.error
-        self._model_state_changed()
-        self.push_screen(ErrorModal("Model failed to load", f"{short_path(message.path)}\n\n{message.error}"))
-        self.chat_screen.model_failed()
-
-    def use_engine(self, path: Path, engine: Any) -> None:
-        """Make an engine loaded elsewhere (the wizard's test run) the loaded model and the default."""
-        path = Path(path)
-        old = self.engine
-        self.engine, self.engine_path = engine, path
-        self.default_model_path = path
-        self.loading_path = None  # a load still running is superseded: it closes its own engine
-        self.load_errors.pop(path, None)
-        if old is not None and old is not engine:
-            old.close()
-        self._model_state_changed()
-
-    def _model_state_changed(self) -> None:
-        try:
-            self.chat_screen.update_status()
-        except LookupError:
-            pass
+    # -- the model ----------------------------------------------------------------------------------
+    def on_session_call(self, message: SessionCall) -> None:
+        message.fn(*message.args)
 
     # -- actions --------------------------------------------------------------------------------
     def action_toggle_dark(self) -> None:
@@ -256,7 +130,11 @@ class DgchatApp(App[int]):
 
         if any(isinstance(s, (ModelsScreen, WizardScreen)) for s in self.screen_stack):
             return
-        self.push_screen(ModelsScreen())
+        def used(path: Path | None) -> None:
+            if path is not None:
+                self.chat_screen.use_model(path)
+
+        self.push_screen(ModelsScreen(), used)
 
     def action_npc_workshop(self) -> None:
         from dgchat.app.npc_screen import open_workshop
@@ -293,35 +171,23 @@ class DgchatApp(App[int]):
         self.exit(0)
 
     async def shutdown(self) -> None:
-        """Stop a running answer (it is saved as stopped) and release the model."""
-        self._shutting_down.set()
-        try:
-            screen = self.chat_screen
-        except LookupError:
-            screen = None
-        if screen is not None:
-            await screen.stop_and_wait(timeout=5.0)
-        await stop_tools(self, timeout=5.0)  # NPC workshop, drafting: stop, save the draft
+        """Stop whatever runs on the model (the chat saves its answer as stopped, the tools their
+        work) and release the model."""
+        self.session.closing.set()
+        await self.session.stop_all(timeout=5.0)
+        for screen in tool_screens(self):
+            screen.before_exit()
 
     def on_unmount(self) -> None:
-        self._shutting_down.set()
-        if self.engine is not None:
-            try:
-                screen = self.chat_screen
-                busy = screen.generating
-            except LookupError:
-                busy = False
-            if not busy and not tools_busy(self):
-                self.engine.close()
-            self.engine = None
+        self.session.close()
 
 
 def binding_sources() -> list[tuple[str, list[type]]]:
     """Every class with remappable bindings, grouped for the help panel; also validates [keys]."""
     from dgchat.app.chat_screen import ChatScreen
     from dgchat.app.confirm_modal import ConfirmModal
-    from dgchat.app.edit_modal import EditModal
     from dgchat.app.drafting_screen import DraftingScreen
+    from dgchat.app.edit_modal import EditModal
     from dgchat.app.error_modal import ErrorModal as _Error
     from dgchat.app.models_screen import ModelsScreen
     from dgchat.app.npc_card_modal import CardModal

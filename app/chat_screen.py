@@ -1,37 +1,29 @@
 """The chat screen: saved chats on the left, the conversation, the prompt box, the status line.
 
-Sending stores the user message (committed) before anything else, then starts the answer in a
-thread worker. While it runs, a timer on the UI thread picks up the latest StepEvent at most
-`refresh_hz` times a second and repaints the live canvas; the generation loop never waits for it.
+Sending stores the user message (committed) before anything else, then asks the model session
+(app/session.py) to run the answer as a job. While it runs, a LiveView picks up the latest
+StepEvent at most `refresh_hz` times a second and repaints the live canvas; the generation loop
+never waits for it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from textual import work
-from textual.app import ComposeResult
-from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.message import Message as TextualMessage
-from textual.screen import Screen
-from textual.timer import Timer
-from textual.widgets import Footer, Header, Label
-
-from dgchat.app.app import display_name, short_path
 from dgchat.app.clipboard import copy_text
 from dgchat.app.confirm_modal import ConfirmModal
 from dgchat.app.edit_modal import EditModal
 from dgchat.app.error_modal import ErrorModal
 from dgchat.app.export import default_export_path, export_chat
-from dgchat.app.generation import LiveGeneration
+from dgchat.app.generation import ChatAnswer
+from dgchat.app.live_view import LiveView
+from dgchat.app.paths import display_name, short_path
 from dgchat.app.prompt_modal import PromptModal
 from dgchat.app.search_modal import SearchModal
+from dgchat.app.session import Engine, JobDone, ModelChange, ModelSession
 from dgchat.app.settings_modal import ChatSettings, SettingsModal
 from dgchat.app.store import Chat, Message
 from dgchat.app.widgets.canvas import LiveCanvas
@@ -41,14 +33,11 @@ from dgchat.app.widgets.prompt_input import PromptInput
 from dgchat.app.widgets.status_bar import StatusBar
 from dgchat.model_backend.errors import DgchatError
 from dgchat.model_backend.params import DiffusionParams
-
-UI_CPU_BUDGET = 0.1  # share of one core the UI may spend on live-canvas frames while a model runs
-
-
-class GenerationDone(TextualMessage):
-    def __init__(self, generation: LiveGeneration) -> None:
-        super().__init__()
-        self.generation = generation
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Label
 
 
 def check_model_file(path: str) -> str | None:
@@ -84,19 +73,14 @@ class ChatScreen(Screen):
         super().__init__(id="chat-screen")
         self.chat: Chat | None = None
         self._open_at_start = open_chat
-        self.generation: LiveGeneration | None = None
+        self.generation: ChatAnswer | None = None
         self.canvas: LiveCanvas | None = None
         self.last_canvas: LiveCanvas | None = None
-        self._shown_event: Any = None
+        self.live: LiveView | None = None
         self._last_checkpoint = 0.0
-        self._timer: Timer | None = None
         self._pending = False  # a prompt waits for the model to finish loading
         self._reseed = False
         self._settings_after_load = False
-        self._switch_interval = sys.getswitchinterval()
-        self._frame_interval = 1 / 30
-        self._next_frame_at = 0.0
-        self._frame_cpu = 0.0
 
     # -- layout ---------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -116,13 +100,16 @@ class ChatScreen(Screen):
         return self.app.store
 
     @property
+    def session(self) -> ModelSession:
+        return self.app.session
+
+    @property
     def generating(self) -> bool:
         return self.generation is not None and self.generation.running
 
     def on_mount(self) -> None:
-        hz = max(1, int(self.app.config.refresh_hz))
-        self._frame_interval = 1.0 / hz
-        self._timer = self.set_interval(1.0 / hz, self._tick, pause=True)
+        self.live = LiveView(self, self._draw_frame, self._latest_event, hz=self.app.config.refresh_hz)
+        self.session.watch(self, self._model_changed)
         self.query_one(PromptInput).set_history(self.store.prompt_history())
         chat_id = self._open_at_start
         if chat_id is None:
@@ -137,7 +124,15 @@ class ChatScreen(Screen):
     def model_path_for(self, chat: Chat | None) -> Path | None:
         if chat is not None and chat.model:
             return Path(chat.model).expanduser()
-        return self.app.default_model_path
+        return self.session.default_path
+
+    def _model_changed(self, change: ModelChange) -> None:
+        if change.kind == "loaded":
+            self.model_ready()
+        elif change.kind == "failed":
+            self.model_failed()
+        else:
+            self.update_status()
 
     def model_ready(self) -> None:
         self.update_status()
@@ -160,22 +155,12 @@ class ChatScreen(Screen):
             bar = self.query_one(StatusBar)
         except Exception:  # noqa: BLE001 - not composed yet
             return
-        app = self.app
+        session = self.session
         wanted = self.model_path_for(self.chat)
-        if app.loading_path is not None:
-            bar.set_text(f"Loading {display_name(app.loading_path)}… {100 * app.load_fraction:.0f}%")
-            bar.set_loading(app.load_fraction)
-            return
-        bar.set_loading(None)
-        if wanted is None:
-            bar.set_text("No model — start with dgchat --model PATH, or Ctrl+P → model: open…")
-            return
-        engine = app.engine
-        if engine is None or app.engine_path != wanted:
-            if wanted in app.load_errors:
-                bar.set_text(f"{display_name(wanted)} · failed to load: {app.load_errors[wanted]}")
-            else:
-                bar.set_text(f"{display_name(wanted)} · not loaded (it loads when you send)")
+        engine = session.loaded(wanted)
+        bar.set_loading(session.load_fraction if session.loading_path is not None else None)
+        if engine is None or session.loading_path is not None:
+            bar.set_text(session.status_text(wanted, when="it loads when you send"))
             return
         try:
             p = self.effective_params(engine)
@@ -193,19 +178,15 @@ class ChatScreen(Screen):
         """Config [sampler] defaults (unset fields stay None for the model's defaults)."""
         return self.app.config.sampler_params()
 
-    def loaded_engine(self) -> Any:
+    def loaded_engine(self) -> Engine | None:
         """The engine for this chat's model when it is loaded, else None."""
-        app = self.app
-        wanted = self.model_path_for(self.chat)
-        if app.engine is not None and wanted is not None and app.engine_path == wanted:
-            return app.engine
-        return None
+        return self.session.loaded(self.model_path_for(self.chat))
 
-    def default_params(self, engine: Any) -> DiffusionParams:
+    def default_params(self, engine: Engine) -> DiffusionParams:
         """The model's recommended settings over the config's [sampler] table."""
         return engine.resolve(self.base_params())
 
-    def effective_params(self, engine: Any) -> DiffusionParams:
+    def effective_params(self, engine: Engine) -> DiffusionParams:
         overrides = dict(self.chat.params) if self.chat else {}
         return engine.resolve(self.base_params().updated(**overrides))
 
@@ -235,8 +216,8 @@ class ChatScreen(Screen):
         self.refresh_sidebar()
         self._render_conversation(focus_message)
         wanted = self.model_path_for(chat)
-        if wanted is not None and self.app.engine_path != wanted and self.app.loading_path is None:
-            self.app.load_model(wanted)
+        if wanted is not None and self.session.loaded(wanted) is None and self.session.loading_path is None:
+            self.session.load(wanted)
         self.update_status()
 
     def _new_chat_row(self) -> Chat:
@@ -317,7 +298,7 @@ class ChatScreen(Screen):
 
     def start_generation(self) -> None:
         """Answer the chat's last prompt with the chat's model and settings."""
-        app = self.app
+        session = self.session
         if self.chat is None or self.generating:
             return
         wanted = self.model_path_for(self.chat)
@@ -325,74 +306,61 @@ class ChatScreen(Screen):
             self.notify("No model configured: your message is saved. Open one with Ctrl+P → model: open…",
                         severity="warning", timeout=8)
             return
-        if app.engine is None or app.engine_path != wanted:
+        engine = session.loaded(wanted)
+        if engine is None or session.loading_path is not None:
+            if session.busy:
+                self.notify(f"Your message is saved. {session.busy_text()}", severity="warning")
+                return
             self._pending = True
-            if app.load_model(wanted):
+            if session.load(wanted):
                 self.notify(f"Loading {display_name(wanted)}; your message will be answered when it is ready.")
             return
-        engine = app.engine
+        if session.busy:
+            self.notify(f"Your message is saved. {session.busy_text()}", severity="warning")
+            return
         try:
             params = self.effective_params(engine)
             if self._reseed and (params.temperature or 0) > 0:
                 params = params.updated(seed=random.randrange(1 << 31))
             messages = self._history_for_model()
         except DgchatError as exc:
-            app.push_screen(ErrorModal("Cannot generate", str(exc)))
+            self.app.push_screen(ErrorModal("Cannot generate", str(exc)))
             return
         finally:
             self._reseed = False
         answer = self.store.begin_answer(self.chat.id, {"model": display_name(wanted)})
-        # the prompt is rendered from the messages in the worker thread (LiveGeneration.run): the
-        # model's chat template must not run on the UI thread
-        self.generation = LiveGeneration(
-            engine=engine, prompt=None, messages=messages, params=params, store=self.store, message_id=answer.id,
-            model_name=display_name(wanted),
-        )
-        self._shown_event = None
+        generation = ChatAnswer(messages, params, store=self.store, message_id=answer.id,
+                                model_name=display_name(wanted))
+        if not session.start(generation, self):
+            self.store.delete_message(answer.id)
+            self.notify("The model is not ready; your message is saved (Ctrl+R answers it).", severity="warning")
+            return
+        self.generation = generation
         self._last_checkpoint = time.monotonic()
-        self._next_frame_at = 0.0
-        self._frame_cpu = time.thread_time()
         self.canvas = LiveCanvas(engine, id="live-canvas", classes="message -assistant -live")
         self.last_canvas = self.canvas  # kept after the answer ends (repaint counts for the benchmark)
         conversation = self.query_one("#conversation", VerticalScroll)
         conversation.mount(self.canvas)
         conversation.scroll_end(animate=False)
         self.refresh_bindings()
-        assert self._timer is not None
-        self._timer.resume()
-        # The sampler thread needs the GIL back after every llama.cpp call; with Python's default
-        # 5 ms switch interval a busy UI thread could hold it that long each time. 0.5 ms keeps
-        # the wait negligible next to a denoising step.
-        self._switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(self._switch_interval, 0.0005))
-        self._run_generation(self.generation)
+        assert self.live is not None
+        self.live.start()
 
-    @work(thread=True, group="generation", exit_on_error=False)
-    def _run_generation(self, generation: LiveGeneration) -> None:
-        generation.run()
-        self.post_message(GenerationDone(generation))
+    def _latest_event(self) -> Any:
+        return self.generation.event if self.generation is not None else None
 
-    def _tick(self) -> None:
+    def _draw_frame(self) -> None:
         generation = self.generation
         if generation is None:
             return
-        event = generation.latest
-        now = time.monotonic()
-        if (event is not None and event is not self._shown_event and self.canvas is not None
-                and now >= self._next_frame_at):
-            # Frame budget: the UI thread's CPU time since the last frame (building it, Textual's
-            # compositor, terminal output) may be at most UI_CPU_BUDGET of the wall time, so on a
-            # slow or busy machine the canvas repaints less often instead of slowing the model.
-            cpu = time.thread_time()
-            spent = cpu - self._frame_cpu
-            self._frame_cpu = cpu
-            self._next_frame_at = now + max(self._frame_interval, spent / UI_CPU_BUDGET)
-            self._shown_event = event
+        event = generation.event
+        if event is not None and self.canvas is not None:
             conversation = self.query_one("#conversation", VerticalScroll)
             follow = conversation.scroll_y >= conversation.max_scroll_y - 1  # the user did not scroll up
             grew = self.canvas.show(event)
             if follow and grew:  # scrolling repaints the whole screen: only when the canvas got taller
                 conversation.call_after_refresh(conversation.scroll_end, animate=False, immediate=True)
+        now = time.monotonic()
         if event is not None and generation.running and now - self._last_checkpoint >= 1.0:
             self._last_checkpoint = now
             try:  # a crash from here on still leaves the decided text in the database
@@ -400,13 +368,12 @@ class ChatScreen(Screen):
             except Exception:  # noqa: BLE001
                 pass
 
-    def on_generation_done(self, message: GenerationDone) -> None:
-        generation = message.generation
-        if generation is not self.generation:
+    def on_job_done(self, message: JobDone) -> None:
+        generation = message.job
+        if generation is not self.generation or not isinstance(generation, ChatAnswer):
             return
-        if self._timer is not None:
-            self._timer.pause()
-        sys.setswitchinterval(self._switch_interval)
+        if self.live is not None:
+            self.live.stop()
         self.generation = None
         if self.canvas is not None:
             self.canvas.remove()
@@ -418,9 +385,7 @@ class ChatScreen(Screen):
             conversation.mount(MessageView(saved))
             conversation.scroll_end(animate=False)
         if generation.error is not None:
-            error = generation.error
-            text = str(error) if isinstance(error, DgchatError) else f"{type(error).__name__}: {error}"
-            self.app.push_screen(ErrorModal("Generation failed", text))
+            self.app.push_screen(ErrorModal("Generation failed", generation.error_text()))
         elif generation.final is not None and generation.final.stop_reason == "cancelled":
             self.notify("Stopped; the partial answer is kept.")
         self.chat = self.store.get_chat(self.chat.id) if self.chat else None
@@ -432,15 +397,6 @@ class ChatScreen(Screen):
         # saves it as stopped
         if self.generation is not None:
             self.generation.stop()
-
-    async def stop_and_wait(self, timeout: float = 5.0) -> None:
-        generation = self.generation
-        if generation is None or not generation.running:
-            return
-        generation.stop()
-        deadline = time.monotonic() + timeout
-        while generation.running and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
 
     # -- actions --------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -635,7 +591,7 @@ class ChatScreen(Screen):
                                                 "(Ctrl+P → model: open…)."))
                 return
             self._settings_after_load = True
-            if self.app.load_model(wanted):
+            if self.session.load(wanted):
                 self.notify(f"Loading {display_name(wanted)}; the settings open when it is ready.")
             return
         try:
@@ -652,7 +608,7 @@ class ChatScreen(Screen):
             SettingsModal(
                 chat_title=chat.title if chat else "New chat",
                 model=chat.model if chat else None,
-                default_model_name=display_name(self.app.default_model_path),
+                default_model_name=display_name(self.session.default_path),
                 system_prompt=chat.system_prompt if chat else self.app.config.system_prompt,
                 overrides=chat.params if chat else {},
                 defaults=defaults,
@@ -662,17 +618,18 @@ class ChatScreen(Screen):
             done,
         )
 
-    def apply_settings(self, settings: ChatSettings) -> None:
+    def apply_settings(self, settings: ChatSettings, *, quiet: bool = False) -> None:
         chat = self.ensure_chat()
         self.store.update_chat_settings(chat.id, model=settings.model, system_prompt=settings.system_prompt,
                                         params=settings.params)
         self.chat = self.store.get_chat(chat.id)
         self.refresh_sidebar()
         wanted = self.model_path_for(self.chat)
-        if wanted is not None and self.app.engine_path != wanted:
-            self.app.load_model(wanted)
+        if wanted is not None and self.session.loaded(wanted) is None:
+            self.session.load(wanted)
         self.update_status()
-        self.notify("Chat settings saved.")
+        if not quiet:
+            self.notify("Chat settings saved.")
 
     def action_reset_settings(self) -> None:
         if self.chat is None:
@@ -693,8 +650,8 @@ class ChatScreen(Screen):
             full = str(Path(path).expanduser().resolve())
             if self.chat is None:
                 # no chat yet: this becomes the session's default model
-                self.app.default_model_path = Path(full)
-                self.app.load_model(Path(full))
+                self.session.use_default(Path(full))
+                self.session.load(Path(full))
             else:
                 self.apply_settings(ChatSettings(full, self.chat.system_prompt, self.chat.params))
             self.update_status()
@@ -707,15 +664,26 @@ class ChatScreen(Screen):
             done,
         )
 
+    def use_model(self, path: Path) -> None:
+        """Models → Use: the open chat switches to `path` (it is the default for new chats now too)."""
+        name = display_name(path)
+        if self.chat is not None and self.chat.model and Path(self.chat.model).expanduser() != path:
+            self.apply_settings(ChatSettings(str(path), self.chat.system_prompt, self.chat.params), quiet=True)
+            self.notify(f"{name}: this chat's model, and the default for new chats.")
+            return
+        self.session.load(path)
+        self.update_status()
+        self.notify(f"{name} is the model now (also for new chats).")
+
     def action_reload_model(self) -> None:
         wanted = self.model_path_for(self.chat)
         if wanted is None:
             self.notify("No model configured.")
             return
-        self.app.load_model(wanted, force=True)
+        self.session.load(wanted, force=True)
 
     def action_model_info(self) -> None:
-        engine = self.app.engine
+        engine = self.session.engine
         if engine is None:
             self.notify("No model is loaded.")
             return

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-
+from dgchat.app.engine_protocol import Engine
 from dgchat.model_backend.errors import DgchatError
 from dgchat.model_backend.events import FinalEvent
 from dgchat.model_backend.masked_diffusion import CanvasTemplate
@@ -60,7 +60,7 @@ class DraftPlan:
 class _Vocab:
     """Per engine: the tokenizer, end tokens and control tokens (computed once)."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Engine) -> None:
         model = engine.model
         self.tokenizer = Tokenizer.for_engine(engine)
         self.eog = tuple(int(t) for t in model.eog_ids())
@@ -73,14 +73,14 @@ class _Vocab:
 _vocabs: weakref.WeakKeyDictionary[Any, _Vocab] = weakref.WeakKeyDictionary()
 
 
-def vocab_for(engine: Any) -> _Vocab:
+def vocab_for(engine: Engine) -> _Vocab:
     vocab = _vocabs.get(engine)
     if vocab is None:
         vocab = _vocabs[engine] = _Vocab(engine)
     return vocab
 
 
-def count_tokens(engine: Any, text: str) -> int:
+def count_tokens(engine: Engine, text: str) -> int:
     return int(vocab_for(engine).tokenizer.tokenize(text).size) if text else 0
 
 
@@ -93,14 +93,14 @@ def _prompt(vocab: _Vocab, before: str, keep: int) -> np.ndarray:
     return tokens.astype(np.int32)
 
 
-def _sampling(engine: Any, base: DiffusionParams, seed: int) -> DiffusionParams:
+def _sampling(engine: Engine, base: DiffusionParams, seed: int) -> DiffusionParams:
     p = replace(base, seed=seed, mode="dgchat")
     if p.temperature is None and not engine.info.uniform_state:
         p = replace(p, temperature=DRAFT_TEMPERATURE)
     return p
 
 
-def plan_rewrite(engine: Any, request: DraftRequest, base: DiffusionParams) -> DraftPlan:
+def plan_rewrite(engine: Engine, request: DraftRequest, base: DiffusionParams) -> DraftPlan:
     """The span between `request.before` and `request.after`, `length` tokens (default: as many as
     the selected text has, or DEFAULT_FILL_TOKENS with nothing selected)."""
     vocab = vocab_for(engine)
@@ -137,7 +137,7 @@ def plan_rewrite(engine: Any, request: DraftRequest, base: DiffusionParams) -> D
     return DraftPlan("rewrite", prompt, params, CanvasTemplate(tokens, fixed), span)
 
 
-def plan_continue(engine: Any, request: DraftRequest, base: DiffusionParams) -> DraftPlan:
+def plan_continue(engine: Engine, request: DraftRequest, base: DiffusionParams) -> DraftPlan:
     """Text after `request.before`, up to a canvas (`length`, or the settings' canvas length); the
     model may end it early with its end token."""
     vocab = vocab_for(engine)
@@ -157,7 +157,7 @@ def plan_continue(engine: Any, request: DraftRequest, base: DiffusionParams) -> 
     return DraftPlan("continue", prompt, params, None, int(params.gen_length))
 
 
-def plan(engine: Any, request: DraftRequest, base: DiffusionParams) -> DraftPlan:
+def plan(engine: Engine, request: DraftRequest, base: DiffusionParams) -> DraftPlan:
     return (plan_rewrite if request.kind == "rewrite" else plan_continue)(engine, request, base)
 
 
@@ -172,7 +172,7 @@ def clean_text(text: str) -> str:
     return text.replace("\r\n", "\n").translate(_LINE_BREAKS).translate(_JUNK)
 
 
-def proposal_text(engine: Any, plan: DraftPlan, final: FinalEvent) -> str:
+def proposal_text(engine: Engine, plan: DraftPlan, final: FinalEvent) -> str:
     """The proposed text: the span's (or the continuation's) bytes, decoded (and cleaned)."""
     vocab = vocab_for(engine)
     tokens = np.asarray(final.tokens, dtype=np.int32)

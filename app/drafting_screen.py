@@ -17,6 +17,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from dgchat.app import paths
+from dgchat.app.drafting_plan import DraftPlan, DraftRequest, plan, proposal_text
+from dgchat.app.engine_protocol import Engine
+from dgchat.app.error_modal import ErrorModal
+from dgchat.app.paths import short_path
+from dgchat.app.session import EngineJob
+from dgchat.app.tool_screen import ToolScreen, open_tool
+from dgchat.app.widgets.draft_preview import DraftPreview
+from dgchat.app.widgets.status_bar import StatusBar
+from dgchat.model_backend.events import FinalEvent, StepEvent
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
@@ -24,14 +34,6 @@ from textual.geometry import Offset
 from textual.timer import Timer
 from textual.widgets import Footer, Header, TextArea
 from textual.widgets.text_area import Selection
-
-from dgchat.app import paths
-from dgchat.app.engine_job import EngineJob, ToolScreen, open_tool
-from dgchat.app.drafting_plan import DraftPlan, DraftRequest, plan, proposal_text
-from dgchat.app.error_modal import ErrorModal
-from dgchat.app.widgets.draft_preview import DraftPreview
-from dgchat.app.widgets.status_bar import StatusBar
-from dgchat.model_backend.events import FinalEvent, StepEvent
 
 AUTOSAVE_DELAY = 1.0  # seconds after the last change
 
@@ -51,11 +53,12 @@ class Proposal:
     end: tuple[int, int]
     plan: DraftPlan | None = None
     text: str | None = None  # set when the proposal is finished
-    engine: Any = None
+    engine: Engine | None = None
 
 
 class DraftingScreen(ToolScreen):
     TOOL_NAME = "drafting"
+    OWNER = "the drafting screen"
     TITLE = "Drafting"
     BINDINGS = [
         Binding("ctrl+r", "rewrite", "Rewrite / fill", id="draft.rewrite"),
@@ -340,8 +343,6 @@ class DraftingScreen(ToolScreen):
 
     # -- status ---------------------------------------------------------------------------------
     def _short_path(self) -> str:
-        from dgchat.app.app import short_path
-
         return short_path(self.path)
 
     def update_status(self) -> None:

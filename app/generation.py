@@ -1,26 +1,19 @@
-"""One answer being generated, decoupled from the screen that shows it.
+"""A chat answer being generated, decoupled from the screen that shows it.
 
-The worker thread runs `LiveGeneration.run()`: it iterates the engine's events and only *stores the
-latest* StepEvent (one attribute assignment, no message per step, no waiting on the UI). The UI
-polls `latest` from a timer at the configured refresh rate, so the generation never waits on
-rendering and the screen never falls behind by more than one frame.
-
-When the answer ends (or fails) the worker writes the result to the store itself, so a finished
-or stopped answer is saved even if the UI is shutting down at that moment.
+`ChatAnswer` is an EngineJob (app/session.py): its worker iterates the engine's events and only
+*stores the latest* StepEvent (no message per step, no waiting on the UI); the screen's LiveView
+picks it up at the frame rate, so the generation never waits on rendering. When the answer ends
+(or fails) the worker writes the result to the store itself.
 """
 
 from __future__ import annotations
 
-import threading
-import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
+from dgchat.app.session import Engine, EngineJob
 from dgchat.app.store import Store
-from dgchat.model_backend.canvas import Cell
-from dgchat.model_backend.errors import DgchatError
+from dgchat.model_backend.errors import error_text
 from dgchat.model_backend.events import FinalEvent, StepEvent
 from dgchat.model_backend.params import DiffusionParams
 
@@ -29,12 +22,10 @@ def status_for(stop_reason: str) -> str:
     return "stopped" if stop_reason == "cancelled" else "done"
 
 
-def decided_tokens(engine: Any, event: StepEvent) -> np.ndarray:
-    """The answer so far as it would be kept if stopped now: earlier canvases + decided prefix."""
-    state = event.canvas.state
-    undecided = np.flatnonzero(state == Cell.MASKED)
-    prefix = event.canvas.tokens[: int(undecided[0]) if undecided.size else state.size]
-    tokens = np.concatenate([event.answer_tokens, prefix]).astype(np.int32)
+def decided_tokens(engine: Engine, event: StepEvent) -> np.ndarray:
+    """The answer so far as it would be kept if stopped now: earlier canvases + decided prefix,
+    up to the first end token."""
+    tokens = np.concatenate([event.answer_tokens, event.canvas.decided_prefix()]).astype(np.int32)
     for i, token in enumerate(tokens):
         if engine.is_end(int(token)):
             return tokens[:i]
@@ -59,57 +50,49 @@ def final_meta(final: FinalEvent, params: DiffusionParams, model_name: str) -> d
     }
 
 
-@dataclass
-class LiveGeneration:
-    engine: Any  # DiffusionEngine
-    prompt: np.ndarray | None  # None: rendered from `messages` in the worker thread
-    params: DiffusionParams  # resolved
-    store: Store | None = None
-    message_id: int | None = None
-    model_name: str = ""
-    cancel: threading.Event = field(default_factory=threading.Event)
-    latest: StepEvent | None = None
-    final: FinalEvent | None = None
-    error: BaseException | None = None
-    steps_seen: int = 0
-    started_at: float = 0.0
-    done: threading.Event = field(default_factory=threading.Event)
-    # the conversation, when `prompt` is None: the model's chat template is untrusted code, so it
-    # renders here, on the worker thread (bounded in time and memory by model_backend.chat_template),
-    # never on the UI thread
-    messages: list[dict[str, Any]] | None = None
+class ChatAnswer(EngineJob):
+    """One answer to a conversation, as a job on the session's engine.
 
-    def run(self) -> FinalEvent | None:
-        """Drive the engine to the end (call from a worker thread)."""
-        self.started_at = time.perf_counter()
-        try:
-            if self.prompt is None:
-                self.prompt = self.engine.chat_prompt(self.messages or [])
-                self.engine.check_fits(int(self.prompt.size), self.params)
-            for event in self.engine.generate(self.prompt, self.params, cancel=self.cancel):
-                if isinstance(event, StepEvent):
-                    self.latest = event
-                    self.steps_seen += 1
-                else:
-                    self.final = event
-            self._save()
-        except BaseException as exc:  # noqa: BLE001 - reported to the UI, never lost in a thread
-            self.error = exc
-            self._save_failure()
-        finally:
-            self.done.set()
+    The conversation's prompt is rendered here, on the worker thread: the model's chat template is
+    untrusted code (bounded in time and memory by model_backend.chat_template) and never runs on
+    the UI thread. With a store, the worker itself saves the result (finished, stopped or failed),
+    so an answer is kept even if the UI is shutting down at that moment."""
+
+    def __init__(self, messages: list[dict[str, Any]], params: DiffusionParams, *, store: Store | None = None,
+                 message_id: int | None = None, model_name: str = "", owner: str = "the chat") -> None:
+        super().__init__("answer", owner=owner)
+        self.messages = messages
+        self.params = params  # resolved
+        self.store = store
+        self.message_id = message_id
+        self.model_name = model_name
+        self.final: FinalEvent | None = None
+        self.prompt_tokens = 0
+        self.steps_seen = 0
+
+    def work(self) -> FinalEvent | None:
+        engine = self.engine
+        assert engine is not None
+        prompt = engine.chat_prompt(self.messages)
+        self.prompt_tokens = int(prompt.size)
+        engine.check_fits(self.prompt_tokens, self.params)
+        for event in engine.generate(prompt, self.params, cancel=self.cancel):
+            if isinstance(event, StepEvent):
+                self.steps_seen += 1
+                self.record(0, event)
+            else:
+                self.final = event
         return self.final
 
-    def stop(self) -> None:
-        self.cancel.set()
-
-    @property
-    def running(self) -> bool:
-        return not self.done.is_set()
+    def finished(self) -> None:
+        if self.error is None:
+            self._save()
+        else:
+            self._save_failure()
 
     def partial_text(self) -> str:
-        event = self.latest
-        if event is None:
+        event = self.event
+        if event is None or self.engine is None:
             return ""
         return self.engine.detokenize(decided_tokens(self.engine, event))
 
@@ -120,13 +103,13 @@ class LiveGeneration:
         self.store.finish_answer(self.message_id, self.final.text, status_for(self.final.stop_reason), meta)
 
     def _save_failure(self) -> None:
-        if self.store is None or self.message_id is None:
+        if self.store is None or self.message_id is None or self.error is None:
             return
         try:
             text = self.partial_text()
         except Exception:  # noqa: BLE001
             text = ""
-        message = str(self.error) if isinstance(self.error, DgchatError) else f"{type(self.error).__name__}: {self.error}"
+        message = error_text(self.error)
         try:
             if text:
                 self.store.finish_answer(self.message_id, text, "error", {"error": message, "model": self.model_name})

@@ -21,13 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from textual.app import ComposeResult
-from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
-from textual.widget import Widget
-from textual.widgets import Button, Input, Label, ProgressBar, Static
-
 from dgchat.app.paths import short_path
 from dgchat.hub import (
     DiskFullError,
@@ -45,6 +38,12 @@ from dgchat.hub.fit import FitEstimate
 from dgchat.hub.manager import ModelRow, PullResult
 from dgchat.hub.util import format_bytes
 from dgchat.model_backend.errors import DgchatError
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widget import Widget
+from textual.widgets import Button, Input, Label, ProgressBar, Static
 
 PROGRESS_EVERY = 0.1  # seconds between progress hand-overs to the UI (phase changes always go through)
 

@@ -16,16 +16,15 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from rich.text import Text
-from textual.app import ComposeResult
-from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import Screen
-from textual.widgets import Button, DataTable, Footer, Header, Static
-
 from dgchat.app import model_ops
 from dgchat.app.confirm_modal import ConfirmModal
-from dgchat.app.model_ops import HubTask, TransferPanel, describe_problem, short_path, start_hub_task
+from dgchat.app.model_ops import (
+    HubTask,
+    TransferPanel,
+    describe_problem,
+    short_path,
+    start_hub_task,
+)
 from dgchat.app.prompt_modal import PromptModal
 from dgchat.hub import DownloadCancelled, Hardware, TokenRequiredError
 from dgchat.hub.fit import Fit
@@ -33,6 +32,12 @@ from dgchat.hub.manager import ModelRow, PullResult
 from dgchat.hub.registry import InstalledModel
 from dgchat.hub.util import format_bytes
 from dgchat.model_backend.errors import DgchatError
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Button, DataTable, Footer, Header, Static
 
 FIT_STYLES = {Fit.VRAM: "bold green", Fit.RAM: "yellow", Fit.NONE: "red", Fit.UNKNOWN: "dim"}
 
@@ -69,7 +74,7 @@ def import_check(text: str) -> str | None:
     return None
 
 
-class ModelsScreen(Screen[None]):
+class ModelsScreen(Screen[Path | None]):
     BINDINGS = [
         Binding("escape", "close", "Close", id="models.close"),
         Binding("u", "use", "Use", id="models.use"),
@@ -133,7 +138,7 @@ class ModelsScreen(Screen[None]):
 
     # -- the list -------------------------------------------------------------------------------
     def _in_use(self) -> Path | None:
-        return self.app.default_model_path
+        return self.app.session.default_path
 
     def refresh_rows(self, keep: str | None = None) -> None:
         table = self.query_one("#models-table", DataTable)
@@ -325,7 +330,8 @@ class ModelsScreen(Screen[None]):
             self.action_pull(then_use=True)
 
     def switch_to(self, path: Path, title: str) -> None:
-        """Make `path` the default model (saved in the config) and load it for the chat."""
+        """Use `path`: it becomes the default model (saved in the config) and the screen closes with
+        it as the result; the app hands it to the chat, which uses it for the open chat."""
         app = self.app
         try:
             model_ops.save_default_model(app.config.path, path)
@@ -334,15 +340,8 @@ class ModelsScreen(Screen[None]):
             return
         app.config.default_model = str(path)
         app.config.exists = True
-        app.default_model_path = Path(path)
-        chat = app.chat_screen
-        if chat.chat is not None and chat.chat.model:
-            app.notify(f"{title} is the default model now; this chat keeps its own model (Ctrl+O to change it).")
-        else:
-            app.load_model(Path(path))
-            app.notify(f"{title} is the default model now.")
-        chat.update_status()
-        self.dismiss(None)
+        app.session.use_default(Path(path))
+        self.dismiss(Path(path))
 
     def action_verify(self) -> None:
         row = self.selected
@@ -367,7 +366,7 @@ class ModelsScreen(Screen[None]):
         if row is None or not self._allowed("m-remove"):
             return
         in_use = _resolved(self._in_use())
-        loaded = _resolved(self.app.engine_path)
+        loaded = _resolved(self.app.session.path)
         if row.path is not None and _resolved(row.path) in (in_use, loaded):
             self._message(f"{row.title} is the model in use; use another one first, then remove it.", error=True)
             return

@@ -9,15 +9,14 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from dgchat.app.npc_cards import card_from_form, store_card
+from dgchat.npc.cards import CharacterCard, slug
+from dgchat.npc.errors import CardError
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, TextArea
-
-from dgchat.app.npc_cards import card_from_form, store_card
-from dgchat.npc.cards import CharacterCard, slug
-from dgchat.npc.errors import CardError
 
 _SPLIT_WORDS = re.compile(r"[,\n]")
 

@@ -12,17 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from textual.app import ComposeResult
-from textual.binding import Binding
-from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
-from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
-
 from dgchat.app.confirm_modal import ConfirmModal
-from dgchat.app.engine_job import EngineJob, ToolScreen, open_tool
 from dgchat.app.error_modal import ErrorModal
 from dgchat.app.npc_card_modal import CardModal
 from dgchat.app.npc_cards import CardShelf, load_shelf, remove_card
+from dgchat.app.paths import short_path
 from dgchat.app.prompt_modal import PromptModal
+from dgchat.app.session import EngineJob
+from dgchat.app.tool_screen import ToolScreen, open_tool
 from dgchat.app.widgets.npc import BatchView, CardList, VariantView
 from dgchat.app.widgets.status_bar import StatusBar
 from dgchat.model_backend.errors import DgchatError
@@ -30,9 +27,20 @@ from dgchat.model_backend.params import DiffusionParams
 from dgchat.npc.cards import CharacterCard
 from dgchat.npc.errors import NpcError, TemplateError
 from dgchat.npc.export import build_export, write_export
-from dgchat.npc.generator import LENGTH_PRESETS, MAX_COUNT, LineBatch, LineSpec, NpcGenerator, NpcProgress
+from dgchat.npc.generator import (
+    LENGTH_PRESETS,
+    MAX_COUNT,
+    LineBatch,
+    LineSpec,
+    NpcGenerator,
+    NpcProgress,
+)
 from dgchat.npc.paths import data_dir
 from dgchat.npc.templates import parse_template
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
+from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
 PHASES = {"length": "trying hole lengths", "score": "scoring lengths", "generate": "denoising",
           "retry": "regenerating (banned word or empty line)"}
@@ -48,6 +56,7 @@ def default_export_path() -> Path:
 
 class NpcScreen(ToolScreen):
     TOOL_NAME = "npc-workshop"
+    OWNER = "the NPC workshop"
     TITLE = "NPC workshop"
     BINDINGS = [
         Binding("escape", "stop", "Stop", id="npc.stop"),
@@ -491,8 +500,6 @@ class NpcScreen(ToolScreen):
     # -- the rest -------------------------------------------------------------------------------
     @staticmethod
     def _short(path: Path | None) -> str:
-        from dgchat.app.app import short_path
-
         return short_path(path) if path is not None else ""
 
     def update_status(self) -> None:

@@ -31,3 +31,8 @@ def short_path(path: Path | str) -> str:
         return "~/" + str(path.relative_to(Path.home()))
     except ValueError:
         return str(path)
+
+
+def display_name(path: Path | str | None) -> str:
+    """A model as the status lines name it: its file name."""
+    return Path(path).name if path else "no model"

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+from dgchat.app.store import (
+    HIGHLIGHT_END,
+    HIGHLIGHT_START,
+    SearchHit,
+    Store,
+    StoreError,
+)
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -9,8 +16,6 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
-
-from dgchat.app.store import HIGHLIGHT_END, HIGHLIGHT_START, SearchHit, Store, StoreError
 
 
 def highlighted(snippet: str) -> Text:

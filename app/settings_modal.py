@@ -13,14 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dgchat.model_backend.errors import DgchatError
+from dgchat.model_backend.params import ALGORITHMS, CACHE_MODES, DiffusionParams
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, TextArea
-
-from dgchat.model_backend.errors import DgchatError
-from dgchat.model_backend.params import ALGORITHMS, CACHE_MODES, DiffusionParams
 
 # field -> (label, kind, help); kind: int | float | choice list
 FIELDS: dict[str, tuple[str, Any, str]] = {

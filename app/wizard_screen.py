@@ -20,22 +20,22 @@ for that call alone); everything else reads local files.
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rich.text import Text
-from textual.app import ComposeResult
-from textual.binding import Binding
-from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
-from textual.screen import Screen
-from textual.timer import Timer
-from textual.widgets import Button, Checkbox, ContentSwitcher, DataTable, Input, Label, ProgressBar, Static
-
 from dgchat.app import model_ops
-from dgchat.app.generation import LiveGeneration
-from dgchat.app.model_ops import HubTask, Problem, TransferPanel, describe_problem, short_path, start_hub_task
+from dgchat.app.generation import ChatAnswer
+from dgchat.app.live_view import LiveView
+from dgchat.app.model_ops import (
+    HubTask,
+    Problem,
+    TransferPanel,
+    describe_problem,
+    short_path,
+    start_hub_task,
+)
+from dgchat.app.session import Engine, JobDone, ModelChange, ModelSession
 from dgchat.app.widgets.canvas import LiveCanvas
 from dgchat.hub import DownloadCancelled, Hardware, HubError, TokenRequiredError
 from dgchat.hub.fit import Fit
@@ -44,6 +44,21 @@ from dgchat.hub.registry import InstalledModel
 from dgchat.hub.util import format_bytes
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.model_backend.params import DiffusionParams
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import (
+    Button,
+    Checkbox,
+    ContentSwitcher,
+    DataTable,
+    Input,
+    Label,
+    ProgressBar,
+    Static,
+)
 
 STEPS = ("welcome", "hardware", "model", "download", "ready")
 STEP_TITLES = {"welcome": "Welcome", "hardware": "This machine", "model": "Model", "download": "Download",
@@ -70,14 +85,7 @@ HW_FIELDS = (
 FIT_STYLES = {Fit.VRAM: "bold green", Fit.RAM: "yellow", Fit.NONE: "red", Fit.UNKNOWN: "dim"}
 
 
-def load_engine(path: Path, *, n_gpu_layers: int | None, n_threads: int | None, progress: Any) -> Any:
-    """The engine for the test run (tests wrap it to hold the canvas at a fixed step)."""
-    from dgchat.model_backend.engine import DiffusionEngine
-
-    return DiffusionEngine.load(path, n_gpu_layers=n_gpu_layers, n_threads=n_threads, progress=progress)
-
-
-def trial_params(engine: Any, base: DiffusionParams) -> DiffusionParams:
+def trial_params(engine: Engine, base: DiffusionParams) -> DiffusionParams:
     """The chat's settings for this model, on a canvas of at most TEST_TOKENS tokens with
     proportionally fewer steps (a multiple of the number of blocks); the full settings if the
     shortened ones do not validate."""
@@ -118,17 +126,11 @@ class WizardScreen(Screen[None]):
         self.problem: Problem | None = None
         self.pull_result: PullResult | InstalledModel | None = None
         self.detecting = False
-        self.engine: Any = None
-        self.engine_path: Path | None = None
-        self.load_state = "idle"  # idle | loading | loaded | failed
-        self.generation: LiveGeneration | None = None
+        self.load_state = "idle"  # idle | loading | loaded | failed (the session loads it)
+        self.generation: ChatAnswer | None = None  # the test answer
         self.canvas: LiveCanvas | None = None
-        self._shown_event: Any = None
-        self._timer: Timer | None = None
+        self.live: LiveView | None = None
         self._finish_when_done = False
-        self._leaving = threading.Event()
-        self._handed_over: Any = None  # the engine given to the chat: never closed here
-        self._close_lock = threading.Lock()
 
     # -- layout ---------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -193,8 +195,9 @@ class WizardScreen(Screen[None]):
     def on_mount(self) -> None:
         table = self.query_one("#wiz-models", DataTable)
         table.add_columns(" ", "Model", "Size", "Where", "Fit for this machine")
-        hz = max(1, int(getattr(self.app.config, "refresh_hz", 30)))
-        self._timer = self.set_interval(1.0 / hz, self._tick, pause=True)
+        self.live = LiveView(self, self._draw, lambda: self.generation.event if self.generation else None,
+                             hz=self.app.config.refresh_hz)
+        self.session.watch(self, self._model_changed)
         try:
             self.mgr = model_ops.make_manager()
         except DgchatError as exc:  # a broken catalog: setup cannot offer downloads
@@ -619,6 +622,8 @@ class WizardScreen(Screen[None]):
         self._start_pull()
 
     # -- 5: ready -------------------------------------------------------------------------------
+    # The model loads through the app's session (the one loader) and the test runs as a job on it;
+    # "Start chatting" leaves it loaded for the chat.
     def _enter_ready(self) -> None:
         path = self.model_path
         assert path is not None
@@ -628,83 +633,53 @@ class WizardScreen(Screen[None]):
         self.query_one("#ready-error", Static).update("")
         self.query_one("#ready-stats", Static).update("")
         self._finish_when_done = False
-        if self.engine is not None and self.engine_path == path:
-            self.load_state = "loaded"
-            self.query_one("#ready-loading").display = False
-            self._start_test()
+        session = self.session
+        if session.loaded(path) is not None and session.loading_path is None:
+            self._loaded(path)
             return
-        self._close_engine()
-        self._load(path)
-
-    def _load(self, path: Path) -> None:
         self.load_state = "loading"
-        loading = self.query_one("#ready-loading")
-        loading.display = True
+        self.query_one("#ready-loading").display = True
         self.query_one("#ready-bar", ProgressBar).update(total=100, progress=0)
         self.query_one("#ready-answer", VerticalScroll).remove_children()
-        config = self.app.config
-        closing = self._leaving
-        app = self.app
-        last = [0.0]
-
-        def progress(fraction: float) -> bool:
-            now = time.monotonic()
-            if not closing.is_set() and (fraction >= 1.0 or now - last[0] >= 0.1):
-                last[0] = now
-                try:
-                    app.call_from_thread(self._load_progress, path, fraction)
-                except RuntimeError:
-                    pass
-            return not closing.is_set()  # False stops the load when the wizard goes away
-
-        def work() -> None:
-            try:
-                engine = load_engine(path, n_gpu_layers=config.n_gpu_layers, n_threads=config.n_threads,
-                                     progress=progress)
-            except BaseException as exc:  # noqa: BLE001 - shown to the user
-                if not closing.is_set():
-                    try:
-                        app.call_from_thread(self._load_failed, path, exc)
-                    except RuntimeError:
-                        pass
-                return
-            if closing.is_set():
-                engine.close()
-                return
-            try:
-                app.call_from_thread(self._loaded, path, engine)
-            except RuntimeError:
-                engine.close()
-
-        self.run_worker(work, thread=True, group="wizard-load", exit_on_error=False, name="load")
+        # a test of the previous choice may still be stopping: the load starts when it has ended
+        if not session.load(path, preempt=True, report=False):
+            self._load_failed(path, session.busy_text())
         self._nav()
 
-    def _load_progress(self, path: Path, fraction: float) -> None:
-        if path == self.model_path and self.load_state == "loading":
-            self.query_one("#ready-bar", ProgressBar).update(progress=round(100 * max(0.0, min(1.0, fraction))))
+    @property
+    def session(self) -> ModelSession:
+        return self.app.session
 
-    def _loaded(self, path: Path, engine: Any) -> None:
-        if self._leaving.is_set() or path != self.model_path or self.step != "ready" or self.engine is not None:
-            self._close(engine)  # the user went back and chose another model meanwhile (or a second load)
+    def _model_changed(self, change: ModelChange) -> None:
+        path = self.model_path
+        if self.step != "ready" or path is None or change.path != path:
             return
-        self.engine, self.engine_path = engine, path
+        if change.kind == "loading" and self.load_state == "loading":
+            fraction = self.session.load_fraction
+            self.query_one("#ready-bar", ProgressBar).update(progress=round(100 * max(0.0, min(1.0, fraction))))
+        elif change.kind == "loaded" and self.load_state != "loaded":
+            self._loaded(path)
+        elif change.kind == "failed":
+            self._load_failed(path, change.error)
+
+    def _loaded(self, path: Path) -> None:
+        engine = self.session.loaded(path)
+        assert engine is not None
         self.load_state = "loaded"
         self.query_one("#ready-loading").display = False
         self.query_one("#ready-model", Static).update(f"{short_path(path)} · runs as {engine.label}")
         self._start_test()
 
-    def _load_failed(self, path: Path, exc: BaseException) -> None:
-        if path != self.model_path:
-            return
+    def _load_failed(self, path: Path, message: str) -> None:
         self.load_state = "failed"
         self.query_one("#ready-loading").display = False
-        message = str(exc) if isinstance(exc, DgchatError) else f"{type(exc).__name__}: {exc}"
         self.query_one("#ready-error", Static).update(
             f"The model failed to load: {message}\nChoose another model (the bundled one always works).")
         self._nav()
 
     def _start_test(self) -> None:
-        engine = self.engine
+        path = self.model_path
+        engine = self.session.loaded(path)
         if engine is None or (self.generation is not None and self.generation.running):
             return
         error = self.query_one("#ready-error", Static)
@@ -718,55 +693,33 @@ class WizardScreen(Screen[None]):
         self.query_one("#ready-stats", Static).update("")
         answer = self.query_one("#ready-answer", VerticalScroll)
         answer.remove_children()
-        # rendered in the worker thread: the model's chat template never runs on the UI thread
-        self.generation = generation = LiveGeneration(engine=engine, prompt=None, params=params,
-                                                      messages=[{"role": "user", "content": TEST_PROMPT}])
-        self._shown_event = None
+        generation = ChatAnswer([{"role": "user", "content": TEST_PROMPT}], params, owner="the setup test")
+        if not self.session.start(generation, self):
+            error.update(f"The test could not start: {self.session.busy_text() or 'the model is not ready'}")
+            self._nav()
+            return
+        self.generation = generation
         self.canvas = LiveCanvas(engine, id="wiz-canvas")
         answer.mount(self.canvas)
-        assert self._timer is not None
-        self._timer.resume()
-        closing = self._leaving
-        app = self.app
-
-        def work() -> None:
-            generation.run()
-            if closing.is_set():
-                if engine is not self._handed_over:
-                    self._close(engine)  # the wizard went away while the test ran: nobody else owns it
-                return
-            try:
-                app.call_from_thread(self._test_done, generation)
-            except RuntimeError:
-                pass
-
-        self.run_worker(work, thread=True, group="wizard-test", exit_on_error=False, name="test")
+        assert self.live is not None
+        self.live.start()
         self._nav()
 
-    def _tick(self) -> None:
+    def _draw(self) -> None:
         generation = self.generation
-        if generation is None or self.canvas is None:
-            return
-        event = generation.latest
-        if event is not None and event is not self._shown_event:
-            self._shown_event = event
-            self.canvas.show(event)
+        if generation is not None and self.canvas is not None and generation.event is not None:
+            self.canvas.show(generation.event)
 
-    def _test_done(self, generation: LiveGeneration) -> None:
-        if self._leaving.is_set():
+    def on_job_done(self, message: JobDone) -> None:
+        generation = message.job
+        if generation is not self.generation or not isinstance(generation, ChatAnswer):
             return
-        if generation.engine is not self.engine:
-            self._close(generation.engine)  # dropped while its test was stopping (another model chosen)
-        if generation is not self.generation:
-            return
-        if self._timer is not None:
-            self._timer.pause()
+        if self.live is not None:
+            self.live.stop()
         self.generation = None
         answer = self.query_one("#ready-answer", VerticalScroll)
-        if generation.error is not None:
-            exc = generation.error
-            message = str(exc) if isinstance(exc, DgchatError) else f"{type(exc).__name__}: {exc}"
-            self.query_one("#ready-error", Static).update(f"The test failed: {message}")
+        if generation.error is not None and not generation.cancelled:
+            self.query_one("#ready-error", Static).update(f"The test failed: {generation.error_text()}")
         elif generation.final is not None:
             final = generation.final
             answer.remove_children()
@@ -790,15 +743,15 @@ class WizardScreen(Screen[None]):
                 self.canvas.mark_stopping()
 
     def finish(self) -> None:
-        """Save the choice, hand the loaded model to the chat and close the wizard."""
-        if self.engine is None or self.model_path is None:
+        """Save the choice and close the wizard; the loaded model stays loaded for the chat."""
+        path = self.model_path
+        if path is None or self.session.loaded(path) is None:
             return
         if self.generation is not None and self.generation.running:
             self._finish_when_done = True  # after the test stops (at once: it is cancelled)
             self._stop_test()
             self._nav()
             return
-        path = self.model_path
         try:
             model_ops.save_default_model(self.app.config.path, path)
         except DgchatError as exc:
@@ -807,10 +760,7 @@ class WizardScreen(Screen[None]):
         config = self.app.config
         config.default_model = str(path)
         config.exists = True
-        engine, self.engine = self.engine, None
-        self.engine_path = None
-        self._handed_over = engine
-        self.app.use_engine(path, engine)
+        self.session.use_default(path)
         self.dismiss(None)
 
     def skip(self) -> None:
@@ -825,8 +775,8 @@ class WizardScreen(Screen[None]):
             return
         app.config.exists = True
         self.dismiss(None)
-        if app.default_model_path is not None:
-            app.load_model(app.default_model_path)
+        if app.session.default_path is not None:
+            app.session.load(app.session.default_path)
         else:
             def after(result: str | None) -> None:
                 if result == "open":
@@ -835,31 +785,7 @@ class WizardScreen(Screen[None]):
             app.push_screen(NoModelScreen(short_path(app.config.path)), after)
 
     # -- teardown -------------------------------------------------------------------------------
-    def _close(self, engine: Any) -> None:
-        with self._close_lock:  # the UI thread and a test's worker may both get here
-            engine.close()
-
-    def _close_engine(self) -> None:
-        """Let go of the loaded engine; a test still running on it closes it when it stops."""
-        engine = self.engine
-        self.engine, self.engine_path, self.load_state = None, None, "idle"
-        if engine is None:
-            return
-        generation = self.generation
-        if generation is not None and generation.running and generation.engine is engine:
-            generation.stop()
-        else:
-            self._close(engine)
-
     def on_unmount(self) -> None:
-        self._leaving.set()
         if self.pull_task is not None:
             self.pull_task.close()
-        if self._timer is not None:
-            self._timer.stop()
-        engine, self.engine = self.engine, None
-        generation = self.generation
-        if generation is not None and generation.running:
-            generation.stop()  # its worker closes the engine when it ends
-        elif engine is not None and engine is not self._handed_over:
-            self._close(engine)
+        self._stop_test()

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from dgchat.model_backend.errors import ModelFileError
 from dgchat.model_backend.params import ALGORITHMS, CACHE_MODES, SAMPLER_PLACES, SOFT_EMBEDDINGS, DiffusionParams
@@ -16,7 +21,9 @@ def add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def add_model_args(parser: argparse.ArgumentParser, required: bool = False) -> None:
-    parser.add_argument("-m", "--model", required=required, help="GGUF model file (default: the bundled model)")
+    parser.add_argument("-m", "--model", required=required,
+                        help="GGUF model file or installed model name (default: $DGCHAT_MODEL, else the "
+                             "default_model of the config, else the bundled model)")
     parser.add_argument("--n-gpu-layers", type=int, default=None, metavar="N",
                         help="layers to offload to the GPU (default: all when this build supports it)")
     parser.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads (default: all cores)")
@@ -115,3 +122,26 @@ def resolve_model_path(arg: str | None) -> Path:
     if bundled is None:
         raise ModelFileError("no model given and no bundled model installed; pass -m MODEL.gguf")
     return bundled
+
+
+@contextmanager
+def ctrl_c_cancels() -> Iterator[threading.Event]:
+    """An event that the first Ctrl-C sets (the work stops at its next step and keeps what it has);
+    a second Ctrl-C interrupts at once. Off the main thread (where signals cannot be handled) the
+    event is only set by its owner."""
+    cancel = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield cancel
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(_sig: int, _frame: Any) -> None:
+        if cancel.is_set():
+            raise KeyboardInterrupt
+        cancel.set()
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield cancel
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import threading
 from typing import Any
 
-from dgchat.commands.common import add_common, add_model_args, add_sampler_args, params_from_args, resolve_model_path
+from dgchat.commands.common import (
+    add_common,
+    add_model_args,
+    add_sampler_args,
+    ctrl_c_cancels,
+    params_from_args,
+    resolve_model_path,
+)
 from dgchat.model_backend.errors import InvalidParameterError
 from dgchat.model_backend.events import FinalEvent, StepEvent
 
@@ -53,19 +59,8 @@ def run(args: argparse.Namespace) -> int:
             messages.append({"role": "user", "content": prompt_text})
             prompt = engine.chat_prompt(messages)
         resolved = engine.resolve(params)
-        cancel = threading.Event()
-        previous = signal.getsignal(signal.SIGINT)
-
-        def on_sigint(_sig: int, _frame: Any) -> None:
-            if cancel.is_set():  # second Ctrl-C: give up immediately
-                raise KeyboardInterrupt
-            cancel.set()
-
-        signal.signal(signal.SIGINT, on_sigint)
-        try:
+        with ctrl_c_cancels() as cancel:
             final = _drive(engine, prompt, resolved, cancel, visual=args.visual and not args.json)
-        finally:
-            signal.signal(signal.SIGINT, previous)
         if args.json:
             print(json.dumps(_as_json(final, engine, model_path, resolved), ensure_ascii=False))
         else:

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
-import threading
 from typing import Any
 
-from dgchat.commands.common import add_common
+from dgchat.commands.common import add_common, ctrl_c_cancels
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -215,23 +213,10 @@ class _ProgressView:
         self.last_message = p.message or self.last_message
 
 
-def _with_cancel(fn):
+def _with_cancel(fn: Any) -> Any:
     """Run fn(cancel) with Ctrl-C setting `cancel` (a second Ctrl-C interrupts at once)."""
-    cancel = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
+    with ctrl_c_cancels() as cancel:
         return fn(cancel)
-    previous = signal.getsignal(signal.SIGINT)
-
-    def on_sigint(_sig: int, _frame: Any) -> None:
-        if cancel.is_set():
-            raise KeyboardInterrupt
-        cancel.set()
-
-    signal.signal(signal.SIGINT, on_sigint)
-    try:
-        return fn(cancel)
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _pull(args: argparse.Namespace) -> int:

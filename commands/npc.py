@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
 
-from dgchat.commands.common import add_common, add_model_args, resolve_model_path
+from dgchat.commands.common import add_common, add_model_args, ctrl_c_cancels, resolve_model_path
 from dgchat.model_backend.errors import GenerationCancelled, InvalidParameterError
 
 
@@ -90,23 +88,14 @@ def run(args: argparse.Namespace) -> int:
     llamacpp.set_verbose(getattr(args, "verbose", False))
     engine = DiffusionEngine.load(resolve_model_path(args.model), n_gpu_layers=args.n_gpu_layers,
                                   n_threads=args.threads, precise=args.precise)
-    cancel = threading.Event()
-    previous = signal.getsignal(signal.SIGINT)
-
-    def on_sigint(_sig: int, _frame: Any) -> None:
-        if cancel.is_set():
-            raise KeyboardInterrupt
-        cancel.set()
-
-    signal.signal(signal.SIGINT, on_sigint)
     try:
-        generator = NpcGenerator(engine, max_attempts=args.max_attempts)
-        batches = _generate_all(generator, specs, cancel)
+        with ctrl_c_cancels() as cancel:
+            generator = NpcGenerator(engine, max_attempts=args.max_attempts)
+            batches = _generate_all(generator, specs, cancel)
     except GenerationCancelled:
         sys.stderr.write("dgchat: stopped (Ctrl-C); nothing was written\n")
         return 130
     finally:
-        signal.signal(signal.SIGINT, previous)
         engine.close()
 
     rejected = []

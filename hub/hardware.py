@@ -323,7 +323,7 @@ def load_hardware_overrides(path: Path | None = None) -> dict[str, Any]:
 
 def save_hardware_overrides(values: dict[str, Any], path: Path | None = None) -> Path:
     """Persist corrections (EDITABLE keys; None or a missing key = use detection). Returns the file."""
-    from dgchat.app.paths import atomic_write_text
+    from dgchat.paths import atomic_write_text
     from dgchat.npc.toml_write import toml_table
 
     path = Path(path) if path is not None else paths.hardware_overrides_path()

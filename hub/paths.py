@@ -1,4 +1,4 @@
-"""Where the model manager keeps its files. Everything hangs off dgchat.app.paths (platformdirs, or
+"""Where the model manager keeps its files. Everything hangs off dgchat.paths (platformdirs, or
 one folder under $DGCHAT_HOME), so the app, the CLI and the tests agree on one layout:
 
     <data dir>/models/                  downloaded / converted models (dgchat owns these files)
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dgchat.app import paths as app_paths
+from dgchat import paths as app_paths
 
 PARTIAL_DIRNAME = ".partial"
 

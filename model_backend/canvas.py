@@ -8,6 +8,13 @@ from enum import IntEnum
 import numpy as np
 
 
+def decided_length(state: np.ndarray) -> int:
+    """How many positions from the start are decided: the part of an answer that stays if the
+    generation stopped now (everything up to the first undecided position)."""
+    undecided = np.flatnonzero(state == Cell.MASKED)
+    return int(undecided[0]) if undecided.size else int(state.size)
+
+
 class Cell(IntEnum):
     """State of one canvas position, as the UI shows it."""
 
@@ -46,6 +53,10 @@ class Canvas:
     def n_decided(self) -> int:
         return int(np.count_nonzero(self.state != Cell.MASKED))
 
+    def decided_prefix(self) -> np.ndarray:
+        """The tokens up to the first undecided position."""
+        return self.tokens[: decided_length(self.state)]
+
     def commit(self, positions: np.ndarray, tokens: np.ndarray, confidence: np.ndarray, step: int) -> None:
         """Commit `tokens` at canvas `positions`; earlier NEW cells become DONE."""
         self.state[self.state == Cell.NEW] = Cell.DONE
@@ -69,3 +80,7 @@ class CanvasSnapshot:
     tokens: np.ndarray
     state: np.ndarray
     confidence: np.ndarray = field(repr=False)
+
+    def decided_prefix(self) -> np.ndarray:
+        """The tokens up to the first undecided position."""
+        return self.tokens[: decided_length(self.state)]

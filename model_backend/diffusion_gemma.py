@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dgchat.model_backend import llamacpp, sampling
-from dgchat.model_backend.canvas import Canvas, Cell
+from dgchat.model_backend.canvas import Canvas, Cell, decided_length
 from dgchat.model_backend.diffusion_gemma_embed import SelfConditioning
 from dgchat.model_backend.engine import DiffusionEngine
 from dgchat.model_backend.entropy_bound import (
@@ -316,8 +316,7 @@ def dg_denoiser(
                 break
         stats.canvases += 1
         if cancelled:
-            undecided = np.flatnonzero(shown.state == Cell.MASKED)
-            kept = draft[: undecided[0]] if undecided.size else draft
+            kept = draft[: decided_length(shown.state)]
             answer.append(kept[~is_eog[kept]])
             stop = "cancelled"
             break

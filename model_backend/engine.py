@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from dgchat.model_backend import llamacpp, prompt_tokens
-from dgchat.model_backend.canvas import Canvas, Cell
+from dgchat.model_backend.canvas import Canvas
 from dgchat.model_backend.chat_template import CHATML, render_chat
 from dgchat.model_backend.errors import ContextOverflowError, GenerationCancelled, InvalidParameterError
 from dgchat.model_backend.events import FinalEvent, GenerationStats, StepEvent, StepTiming
@@ -444,8 +444,7 @@ class DiffusionEngine:
             if ends.size:
                 tokens, stop = tokens[: ends[0]], "eos"
         else:
-            undecided = np.flatnonzero(canvas.state == Cell.MASKED)
-            tokens = tokens[: undecided[0]] if undecided.size else tokens
+            tokens = canvas.decided_prefix()
         stats.tokens = int(tokens.size)
         stats.canvases = 1
         stats.elapsed_s = time.perf_counter() - t_start

@@ -29,3 +29,9 @@ class EngineError(DgchatError):
 
 class GenerationCancelled(DgchatError):
     """The user cancelled a generation (Esc, Ctrl-C)."""
+
+
+def error_text(exc: BaseException) -> str:
+    """One line for the user: our own errors say what went wrong in their message; anything else
+    (a bug, an OS error) is named by its type so a report can find it."""
+    return str(exc) if isinstance(exc, DgchatError) else f"{type(exc).__name__}: {exc}"

@@ -210,7 +210,7 @@ def masked_denoiser(
             stop = "cancelled" if cancelled else "complete"
             break
         if cancelled:
-            decided = canvas.tokens[: _decided_prefix(canvas)]
+            decided = canvas.decided_prefix()
             answer.append(decided[~is_eog[decided]] if decided.size else decided)
             stop = "cancelled"
             break
@@ -303,11 +303,6 @@ def run_masked(
     template: CanvasTemplate | None = None,
 ) -> Iterator[StepEvent | FinalEvent]:
     return drive(masked_denoiser(prompt, params, setup, n_vocab=n_vocab, cancel=cancel, template=template), source)
-
-
-def _decided_prefix(canvas: Canvas) -> int:
-    undecided = np.flatnonzero(canvas.state == Cell.MASKED)
-    return int(undecided[0]) if undecided.size else len(canvas)
 
 
 def _joined(parts: list[np.ndarray]) -> np.ndarray:

@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from dgchat.model_backend.canvas import Cell
 from dgchat.model_backend.errors import ContextOverflowError, DgchatError, GenerationCancelled
 from dgchat.model_backend.events import FinalEvent, StepEvent
 from dgchat.model_backend.masked_diffusion import CanvasTemplate
@@ -346,10 +345,7 @@ class TextStreamer:
 def decided_prefix(event: StepEvent, limit: int | None = None) -> np.ndarray:
     """The answer's tokens up to the first undecided position (masked: still a mask; uniform-state:
     a draft not yet accepted), at most `limit` of them (the canvas may be longer than max_tokens)."""
-    state = event.canvas.state
-    undecided = np.flatnonzero(state == Cell.MASKED)
-    k = int(undecided[0]) if undecided.size else int(state.size)
-    prefix = np.concatenate([event.answer_tokens, event.canvas.tokens[:k]]).astype(np.int32)
+    prefix = np.concatenate([event.answer_tokens, event.canvas.decided_prefix()]).astype(np.int32)
     return prefix if limit is None else prefix[:limit]
 
 

@@ -77,7 +77,7 @@ async def test_infill_accept_is_one_undoable_edit_and_keeps_the_rest_byte_identi
         # the canvas: the span's positions free, the text after fixed and spelling its bytes exactly
         from dgchat.app.drafting_plan import vocab_for
 
-        tok = vocab_for(app.engine).tokenizer
+        tok = vocab_for(app.session.engine).tokenizer
         fixed = plan.template.fixed
         assert not fixed[: plan.span].any() and fixed[plan.span:].all()
         assert tok.bytes_of(plan.template.tokens[plan.span:-1]) == after.encode("utf-8")
@@ -127,7 +127,7 @@ async def test_reject_and_stop_leave_the_document_unchanged(home, llada_gguf):
         assert screen.app.screen is screen  # Esc rejected the proposal; it did not leave
 
         # stop mid-generation: the preview shows the span denoising in place, Esc stops it
-        app.engine = gated = GatedEngine(app.engine, hold_at=2)
+        app.session.engine = gated = GatedEngine(app.session.engine, hold_at=2)
         _select(screen, (0, 6), (0, 15))  # "traveller"
         await pilot.press("ctrl+r")
         await wait_for(pilot, gated.holding.is_set, what="the first steps")
@@ -221,7 +221,7 @@ def test_snapshot_proposal_denoising_in_place(snap_compare, home, llada_gguf):
     async def run_before(pilot):
         screen = await _open(pilot)
         app = pilot.app
-        app.engine = gated = GatedEngine(app.engine, hold_at=3)
+        app.session.engine = gated = GatedEngine(app.session.engine, hold_at=3)
         _select(screen, (0, 35), (0, 50))  # "gate after dark"
         await pilot.press("ctrl+r")
         await wait_for(pilot, gated.holding.is_set)

@@ -41,7 +41,7 @@ async def test_send_stores_prompt_first_then_answers_like_the_engine(home, llada
     async with app.run_test(size=SIZE) as pilot:
         await wait_model(pilot)
         screen = app.chat_screen
-        app.engine = gated = GatedEngine(app.engine, hold_at=2)
+        app.session.engine = gated = GatedEngine(app.session.engine, hold_at=2)
         await type_text(pilot, "Halt, traveller!")
         await pilot.press("enter")
         await wait_for(pilot, gated.holding.is_set, what="the first steps")
@@ -60,7 +60,7 @@ async def test_send_stores_prompt_first_then_answers_like_the_engine(home, llada
         assert answer.meta["stats"]["steps"] == 8
         assert answer.meta["params"]["gen_length"] == 32
         # the same text as the engine gives directly for the same conversation and settings
-        engine = app.engine._engine
+        engine = app.session.engine._engine
         prompt = engine.chat_prompt([{"role": "user", "content": "Halt, traveller!"}])
         params = screen.effective_params(engine)
         final = list(engine.generate(prompt, params))[-1]
@@ -75,7 +75,7 @@ async def test_live_canvas_shows_steps_and_is_throttled(home, llada_gguf):
     async with app.run_test(size=SIZE) as pilot:
         await wait_model(pilot)
         screen = app.chat_screen
-        app.engine = gated = GatedEngine(app.engine, hold_at=3)
+        app.session.engine = gated = GatedEngine(app.session.engine, hold_at=3)
         await type_text(pilot, "hello")
         await pilot.press("enter")
         await wait_for(pilot, gated.holding.is_set)
@@ -103,7 +103,7 @@ async def test_escape_stops_at_once_and_keeps_the_partial_answer(home, llada_ggu
     async with app.run_test(size=SIZE) as pilot:
         await wait_model(pilot)
         screen = app.chat_screen
-        app.engine = gated = GatedEngine(app.engine, hold_at=4)
+        app.session.engine = gated = GatedEngine(app.session.engine, hold_at=4)
         await type_text(pilot, "tell me a long story")
         await pilot.press("enter")
         await wait_for(pilot, gated.holding.is_set)
@@ -302,7 +302,7 @@ async def test_settings_validation_defaults_and_reset(home, llada_gguf):
         chat = app.store.get_chat(screen.chat.id)
         assert chat.params == {"gen_length": 64, "block_length": 32}
         assert chat.system_prompt == "You are a herald."
-        params = screen.effective_params(app.engine)
+        params = screen.effective_params(app.session.engine)
         assert (params.steps, params.gen_length, params.block_length) == (8, 64, 32)
 
         # the system prompt reaches the model, the settings reach the sampler
@@ -339,7 +339,7 @@ async def test_model_load_failure_shows_a_dialog_and_the_app_keeps_running(home,
         await pilot.press("enter")
         await pilot.pause()
         assert not isinstance(app.screen, ErrorModal)
-        assert app.is_running and app.engine is None
+        assert app.is_running and app.session.engine is None
         # typing still works and is saved; the answer waits for a model
         await type_text(pilot, "are you there?")
         await pilot.press("enter")
@@ -381,7 +381,7 @@ async def test_open_model_from_the_no_model_screen(home, monkeypatch, llada_gguf
         app.screen.query_one(Input).value = str(llada_gguf)
         await pilot.press("enter")
         await wait_model(pilot)
-        assert app.engine_path == Path(llada_gguf).resolve()
+        assert app.session.path == Path(llada_gguf).resolve()
 
 
 async def test_command_palette_has_namespaced_commands(home, llada_gguf):
@@ -482,7 +482,7 @@ async def test_no_color_uses_attributes_not_colours(home, llada_gguf, monkeypatc
     async with app.run_test(size=SIZE) as pilot:
         await wait_model(pilot)
         assert app.no_color
-        app.engine = gated = GatedEngine(app.engine, hold_at=2)
+        app.session.engine = gated = GatedEngine(app.session.engine, hold_at=2)
         await type_text(pilot, "x")
         await pilot.press("enter")
         await wait_for(pilot, gated.holding.is_set)
@@ -544,7 +544,7 @@ async def test_quit_while_generating_saves_the_answer_as_stopped(home, llada_ggu
     app = make_app(llada_gguf)
     async with app.run_test(size=SIZE) as pilot:
         await wait_model(pilot)
-        app.engine = gated = GatedEngine(app.engine, hold_at=2)
+        app.session.engine = gated = GatedEngine(app.session.engine, hold_at=2)
         await type_text(pilot, "quit now")
         await pilot.press("enter")
         await wait_for(pilot, gated.holding.is_set)
@@ -560,15 +560,15 @@ async def test_model_loading_progress_is_shown(home, llada_gguf):
     app = make_app(llada_gguf)
     async with app.run_test(size=SIZE) as pilot:
         await wait_model(pilot)
-        from dgchat.app.app import ModelProgress
+        from dgchat.app.session import SessionCall
 
-        app.loading_path = Path("/models/big.gguf")
-        app.post_message(ModelProgress(app.loading_path, 0.42))
+        app.session.loading_path = Path("/models/big.gguf")
+        app.post_message(SessionCall(app.session._progress, app.session.loading_path, 0.42))
         await pilot.pause()
         bar = app.chat_screen.query_one("#status")
         assert "Loading big.gguf… 42%" in str(bar.query_one("#status-text").render())
         assert bar.has_class("-loading")
-        app.loading_path = None
+        app.session.loading_path = None
         app.chat_screen.update_status()
 
 

@@ -52,7 +52,7 @@ async def test_pull_pause_resume_verify_use_and_remove(env, hub):
     app = make_app(None)
     async with app.run_test(size=SIZE) as pilot:
         await wait_model(pilot)
-        bundled = app.engine_path
+        bundled = app.session.path
         screen = await _open(pilot)
         assert "8 CPU cores · 16.0 GiB RAM · 200.0 GiB free in ~/dgchat-home/data/models" in \
             str(screen.query_one("#models-hw").render())
@@ -90,7 +90,7 @@ async def test_pull_pause_resume_verify_use_and_remove(env, hub):
         await pilot.press("u")
         await wait_for(pilot, lambda: app.screen is app.chat_screen, what="the chat")
         await wait_model(pilot)
-        assert app.engine_path == path and app.default_model_path == path
+        assert app.session.path == path and app.session.default_path == path
         assert load_config().default_model == str(path)
         assert load_config().sampler == {"steps": 8, "gen_length": 32}  # the rest of the config is kept
 
@@ -104,7 +104,7 @@ async def test_pull_pause_resume_verify_use_and_remove(env, hub):
         await press(pilot, "#m-use")
         await wait_for(pilot, lambda: app.screen is app.chat_screen)
         await wait_model(pilot)
-        assert app.engine_path == bundled
+        assert app.session.path == bundled
         screen = await _open(pilot)
         await _select(pilot, screen, DREAM_NAME)
         await pilot.press("d")

@@ -15,7 +15,6 @@ import pytest
 
 from fixtures.app_harness import make_app, setup_home, wait_for, wait_model
 
-from dgchat.app.engine_job import tools_busy
 from dgchat.model_backend.events import StepEvent
 from dgchat.npc.cards import load_card_file
 from dgchat.npc.export import load_schema, read_csv_lines
@@ -256,7 +255,7 @@ async def test_variants_denoise_live_and_stop(home, llada_gguf):
     app = make_app(llada_gguf)
     async with app.run_test(size=SIZE) as pilot:
         screen = await _open(pilot)
-        app.engine = gated = GatedBatchEngine(app.engine, hold_at=2)
+        app.session.engine = gated = GatedBatchEngine(app.session.engine, hold_at=2)
         await _set(pilot, screen, "npc-count", "2")
         screen.query_one("#npc-length").value = "bark"
         await pilot.press("ctrl+g")
@@ -269,9 +268,9 @@ async def test_variants_denoise_live_and_stop(home, llada_gguf):
             assert canvas.event.canvas.tokens.size == 12
             assert "·" in "".join(strip.text for strip in canvas._strips[1:])
         assert "step 2/12" in canvases[0]._strips[0].text
-        assert tools_busy(app)
+        assert app.session.busy
         # the model cannot be switched while the workshop uses it
-        assert app.load_model(Path("elsewhere.gguf")) is False
+        assert app.session.load(Path("elsewhere.gguf")) is False
         t0 = time.monotonic()
         await pilot.press("escape")
         await wait_for(pilot, lambda: screen.job is None, 10, "the stop")
@@ -313,7 +312,7 @@ def test_snapshot_workshop_mid_generation(snap_compare, home, llada_gguf):
         screen = await _open(pilot)
         screen.query_one("#npc-cards").highlighted = 1
         app = pilot.app
-        app.engine = gated = GatedBatchEngine(app.engine, hold_at=3)
+        app.session.engine = gated = GatedBatchEngine(app.session.engine, hold_at=3)
         await _set(pilot, screen, "npc-template", "Halt, {player}! {___:6} after dark.")
         await _set(pilot, screen, "npc-var-player", "Aria")
         await _set(pilot, screen, "npc-count", "3")

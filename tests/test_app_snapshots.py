@@ -73,7 +73,7 @@ def test_conversation_light_theme(snap_compare, tmp_path, monkeypatch, llada_ggu
 
 async def _generate_and_hold(pilot):
     app = pilot.app
-    app.engine = gated = GatedEngine(app.engine, hold_at=3)
+    app.session.engine = gated = GatedEngine(app.session.engine, hold_at=3)
     prompt = app.chat_screen.query_one("#prompt")
     prompt.insert("Who guards the gate?")
     await pilot.press("enter")

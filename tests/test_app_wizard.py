@@ -23,7 +23,7 @@ from fixtures.wizard_harness import (
     wizard,
 )
 
-from dgchat.app import wizard_screen
+from dgchat.app import session as app_session
 from dgchat.app.config import load_config
 from dgchat.app.model_ops import TokenModal
 from dgchat.app.wizard_screen import WizardScreen
@@ -57,7 +57,7 @@ async def test_download_pause_resume_test_and_chat(env, hub, hf_home):
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         wiz = wizard(app)
-        assert app.engine is None and app.loading_path is None  # nothing loads behind the wizard
+        assert app.session.engine is None and app.session.loading_path is None  # nothing loads behind the wizard
         assert "nothing leaves this machine" in str(wiz.query_one("#wiz-promise").render())
         await press(pilot, "#wiz-next")
         await wait_for(pilot, lambda: wiz.hw is not None, what="hardware")
@@ -112,7 +112,7 @@ async def test_download_pause_resume_test_and_chat(env, hub, hf_home):
         assert "tokens/s" in str(wiz.query_one("#ready-stats").render())
         await press(pilot, "#wiz-next")  # Start chatting
         await wait_for(pilot, lambda: app.screen is app.chat_screen, what="the chat")
-        assert app.engine is not None and app.engine_path == path and app.default_model_path == path
+        assert app.session.engine is not None and app.session.path == path and app.session.default_path == path
         assert load_config().default_model == str(path)
         from huggingface_hub import constants
 
@@ -128,7 +128,7 @@ async def test_download_pause_resume_test_and_chat(env, hub, hf_home):
     app = make_app(None)
     async with app.run_test(size=SIZE) as pilot:
         await wait_model(pilot)
-        assert app.screen is app.chat_screen and app.engine_path == path
+        assert app.screen is app.chat_screen and app.session.path == path
     assert len(hub.log) == n
 
 
@@ -180,7 +180,7 @@ async def test_the_bundled_model_needs_no_network(env, hub):
         await press(pilot, "#wiz-next")
         await wait_for(pilot, lambda: app.screen is app.chat_screen)
         bundled = env.parent / "bundled" / "dgchat-tiny-plays.gguf"
-        assert app.engine_path == bundled and load_config().default_model == str(bundled)
+        assert app.session.path == bundled and load_config().default_model == str(bundled)
     assert hub.log == []
 
 
@@ -232,7 +232,7 @@ async def test_a_model_in_the_hf_cache_is_used_without_a_download(env, hub, hf_h
         engines.append(GatedEngine(DiffusionEngine.load(path, **kwargs), hold_at=2))
         return engines[-1]
 
-    monkeypatch.setattr(wizard_screen, "load_engine", held_engine)
+    monkeypatch.setattr(app_session, "load_engine", held_engine)
     app = make_app(None)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
@@ -260,7 +260,7 @@ async def test_skip_setup_writes_the_config_and_uses_the_bundled_model(env):
         await press(pilot, "#wiz-skip")
         await wait_model(pilot)
         assert app.screen is app.chat_screen
-        assert app.engine_path == env.parent / "bundled" / "dgchat-tiny-plays.gguf"
+        assert app.session.path == env.parent / "bundled" / "dgchat-tiny-plays.gguf"
     config = load_config()
     assert config.exists and config.default_model is None
     app = make_app(None)

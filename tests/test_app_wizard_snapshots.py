@@ -15,7 +15,7 @@ from fixtures.app_harness import FAST_SAMPLER, GatedEngine, make_app, wait_for
 from fixtures.hub_fixtures import hf_home, hub, model_bytes  # noqa: F401
 from fixtures.wizard_harness import DREAM, SIZE, first_run_home, press, to_model_step, wizard
 
-from dgchat.app import wizard_screen
+from dgchat.app import session as app_session
 from dgchat.hub import download as dl
 from dgchat.hub.download import Progress
 
@@ -128,7 +128,7 @@ def test_ready_live_test_generation(snap_compare, env, monkeypatch):
         held.append(GatedEngine(DiffusionEngine.load(path, **kwargs), hold_at=3))
         return held[-1]
 
-    monkeypatch.setattr(wizard_screen, "load_engine", load)
+    monkeypatch.setattr(app_session, "load_engine", load)
 
     async def bundled_and_hold(pilot):
         wiz = wizard(pilot.app)
@@ -149,7 +149,7 @@ def test_models_screen(snap_compare, env):
         from dgchat.app.models_screen import ModelsScreen
 
         app = pilot.app
-        await wait_for(pilot, lambda: app.engine is not None and app.loading_path is None)
+        await wait_for(pilot, lambda: app.session.engine is not None and app.session.loading_path is None)
         await pilot.press("f4")
         await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen) and bool(app.screen.rows))
         await pilot.pause()

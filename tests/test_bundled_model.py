@@ -133,7 +133,7 @@ async def test_the_app_opens_on_the_bundled_model_and_answers(tmp_path, monkeypa
     app = make_app(None)
     async with app.run_test(size=SIZE) as pilot:
         await wait_model(pilot)
-        assert app.engine_path == MODEL
+        assert app.session.path == MODEL
         await type_text(pilot, "Good evening. Have you a bed for the night?")
         await pilot.press("enter")
         await wait_idle(pilot, timeout=60)

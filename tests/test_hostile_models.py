@@ -231,7 +231,7 @@ async def test_the_app_answers_a_hostile_model_with_a_dialog(tmp_path: Path, mon
                        what="the load error")
         text = str(app.screen.query_one("#error-message").render())
         assert "layer_norm_rms_epsilon = -1.0 is outside (0, 1]" in text
-        assert app.is_running and app.engine is None
+        assert app.is_running and app.session.engine is None
 
 
 def test_a_default_canvas_cannot_ask_for_gigabytes_of_logits(tmp_path: Path) -> None:

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from dgchat.app.engine_protocol import Engine
+from dgchat.model_backend.canvas import Cell
+from dgchat.model_backend.events import StepEvent
 from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.strip import Strip
 from textual.widget import Widget
-
-from dgchat.model_backend.canvas import Cell
-from dgchat.model_backend.events import StepEvent
 
 PLACEHOLDER = "·"
 _PROGRESS = -2  # style key of the progress line
@@ -116,7 +116,7 @@ class LiveCanvas(Widget):
     LiveCanvas { height: 2; }
     """
 
-    def __init__(self, engine: Any, **kwargs: Any) -> None:
+    def __init__(self, engine: Engine, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.engine = engine
         self.event: StepEvent | None = None

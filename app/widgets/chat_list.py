@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from dgchat.app.store import Chat
 from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
-
-from dgchat.app.store import Chat
 
 
 class ChatList(OptionList):

@@ -12,15 +12,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from dgchat.app.engine_protocol import Engine
+from dgchat.app.widgets.canvas import _VISIBLE_CONTROLS, PLACEHOLDER, _wrap
+from dgchat.model_backend.canvas import Cell
+from dgchat.model_backend.events import StepEvent
 from rich.cells import cell_len
 from rich.style import Style
 from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
-
-from dgchat.app.widgets.canvas import _VISIBLE_CONTROLS, PLACEHOLDER, _wrap
-from dgchat.model_backend.canvas import Cell
-from dgchat.model_backend.events import StepEvent
 
 _WORDS = re.compile(r"\s*\S+|\s+")
 _TEXT, _PROPOSAL, _MASKED, _NEW, _DONE, _DRAFT = range(10, 16)
@@ -50,7 +50,7 @@ class DraftPreview(Widget):
     DraftPreview > .preview--draft { color: $text-disabled; text-style: italic; }
     """
 
-    def __init__(self, engine: Any = None, **kwargs: Any) -> None:
+    def __init__(self, engine: Engine | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.engine = engine
         self.kind = "rewrite"
@@ -66,7 +66,7 @@ class DraftPreview(Widget):
         self._built_for: tuple[Any, ...] | None = None
         self._height = 0
 
-    def start(self, engine: Any, before: str, after: str, kind: str, span: int = 0) -> None:
+    def start(self, engine: Engine, before: str, after: str, kind: str, span: int = 0) -> None:
         """A new proposal between `before` and `after` (the document text drawn around it)."""
         if engine is not self.engine:
             self._pieces.clear()

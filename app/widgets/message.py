@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from dgchat.app.store import Message
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message as TextualMessage
 from textual.widgets import Label, Markdown, Static
-
-from dgchat.app.store import Message
 
 STATUS_LABEL = {"stopped": "stopped", "error": "failed", "generating": "interrupted"}
 

@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from dgchat.app.engine_protocol import Engine
+from dgchat.app.widgets.canvas import _PROGRESS, _VISIBLE_CONTROLS, LiveCanvas, _wrap
+from dgchat.npc.cards import CharacterCard
+from dgchat.npc.generator import LineBatch, LineVariant
+from dgchat.npc.templates import parse_template
 from rich.segment import Segment
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -18,11 +23,6 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
-
-from dgchat.app.widgets.canvas import _PROGRESS, _VISIBLE_CONTROLS, LiveCanvas, _wrap
-from dgchat.npc.cards import CharacterCard
-from dgchat.npc.generator import LineBatch, LineVariant
-from dgchat.npc.templates import parse_template
 
 STATUS_MARK = {"new": "", "kept": "✓ kept", "rejected": "✗ rejected"}
 
@@ -101,7 +101,7 @@ class VariantCanvas(LiveCanvas):
     VariantCanvas { height: 2; margin: 0; padding: 0; border: none; }
     """
 
-    def __init__(self, engine: Any, head: str, **kwargs: Any) -> None:
+    def __init__(self, engine: Engine, head: str, **kwargs: Any) -> None:
         super().__init__(engine, **kwargs)
         self.head = head
         self._hidden = frozenset(int(t) for t in engine.model.eog_ids())  # the end of the line
@@ -154,7 +154,7 @@ class VariantView(Vertical, can_focus=True):
             self.view = view
             self.status = status
 
-    def __init__(self, index: int, seed: int, engine: Any, **kwargs: Any) -> None:
+    def __init__(self, index: int, seed: int, engine: Engine, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.index = index
         self.seed = seed
@@ -221,7 +221,7 @@ class VariantView(Vertical, can_focus=True):
 class BatchView(Vertical):
     """A generated line: its title, then one VariantView per variant."""
 
-    def __init__(self, title: str, count: int, seed: int, engine: Any, **kwargs: Any) -> None:
+    def __init__(self, title: str, count: int, seed: int, engine: Engine, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.title_text = title
         self.count = count

@@ -62,10 +62,10 @@ async def shoot(model: Path, out: Path) -> None:
 
     app = build_app(argparse.Namespace(model=str(model), chat=None))
     async with app.run_test(size=SIZE) as pilot:
-        while app.engine is None:
+        while app.session.engine is None:
             await asyncio.sleep(0.02)
         screen = app.chat_screen
-        bias = word_bias(app.engine)
+        bias = word_bias(app.session.engine)
         plain = screen.effective_params
         screen.effective_params = lambda engine: dataclasses.replace(plain(engine), logit_bias=bias)  # type: ignore[method-assign]
 
@@ -75,8 +75,8 @@ async def shoot(model: Path, out: Path) -> None:
         while screen.generation is not None:
             await asyncio.sleep(0.02)
         # the second answer, held mid-way for the live-canvas shot
-        real = app.engine
-        app.engine = gated = GatedEngine(real, hold_at=9, elapsed_per_step=0.04)
+        real = app.session.engine
+        app.session.engine = gated = GatedEngine(real, hold_at=9, elapsed_per_step=0.04)
         screen.query_one("#prompt").insert(PROMPTS[1])
         await pilot.press("enter")
         while not gated.holding.is_set():

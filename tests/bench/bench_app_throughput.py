@@ -90,7 +90,7 @@ def child(args: argparse.Namespace) -> None:
 
     async def pilot_script(pilot) -> None:
         log.write("pilot started\n")
-        while app.engine is None:
+        while app.session.engine is None:
             await asyncio.sleep(0.02)
         log.write(f"model loaded; screen {app.screen}\n")
         screen = app.chat_screen

@@ -29,6 +29,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-m", "--model", help="GGUF model to open in the app (default: configured or bundled model)")
     parser.add_argument("--chat", type=int, metavar="ID", help="open this saved chat in the app")
     parser.add_argument("--verbose", action="store_true", help="show llama.cpp's log lines")
+    # the chat app's server (subcommands take their own --server after the subcommand's name)
+    parser.add_argument("--server", dest="app_server", metavar="URL",
+                        help="chat with the model an OpenAI-compatible server serves (dgchat serve: with the live "
+                             "canvas; vLLM and others: text only) instead of a local model (default without "
+                             "--model: [server] url of the config)")
+    parser.add_argument("--api-key", dest="app_api_key", metavar="KEY",
+                        help="the server's API key (default: $DGCHAT_API_KEY, else [server] api_key). Visible to "
+                             "other users in `ps`: prefer $DGCHAT_API_KEY")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in SUBCOMMANDS:
         try:
@@ -50,9 +58,18 @@ def main(argv: list[str] | None = None) -> int:
     from dgchat.model_backend.errors import DgchatError
 
     try:
+        if args.command is not None and (args.app_server or args.app_api_key):
+            from dgchat.model_backend.errors import InvalidParameterError
+
+            raise InvalidParameterError(f"put --server and --api-key after the subcommand: dgchat {args.command} "
+                                        "--server URL")
         if args.command is None:
             from dgchat.app.main import run_app
 
+            args.server, args.api_key = args.app_server, args.app_api_key
+            if args.api_key:
+                sys.stderr.write("dgchat: warning: --api-key is visible to other users of this machine (`ps`); "
+                                 "prefer $DGCHAT_API_KEY\n")
             return run_app(args)
         module = importlib.import_module(f"dgchat.commands.{args.command}")
         return int(module.run(args) or 0)

@@ -11,7 +11,8 @@ from typing import Any
 
 from dgchat.app.commands import PROVIDERS
 from dgchat.app.config import Config, validate_for_app
-from dgchat.app.help_modal import HelpModal, HelpRows
+from dgchat.app.help_modal import HelpModal, HelpRows, remap_hint
+from dgchat.app.model_source import ModelSource
 from dgchat.app.no_model_screen import NoModelScreen
 from dgchat.app.paths import short_path
 from dgchat.app.session import ModelSession, SessionCall
@@ -46,14 +47,14 @@ class DgchatApp(App[int]):
         *,
         config: Config,
         store: Store,
-        model_path: Path | None = None,
+        model_path: ModelSource | None = None,
         open_chat: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.config = config
         self.store = store
-        self.session = ModelSession(self, config, Path(model_path) if model_path else None)
+        self.session = ModelSession(self, config, model_path or None)
         self.open_chat_id = open_chat
         validate_for_app(config, themes=set(self.available_themes), binding_ids=set(all_binding_ids()))
         if config.keys:
@@ -136,6 +137,23 @@ class DgchatApp(App[int]):
 
         self.push_screen(ModelsScreen(), used)
 
+    def action_setup(self, start: str = "welcome") -> None:
+        """The first-run setup again (palette: setup: …); start="hardware" opens it at the machine
+        step, to correct the detected values (kept in hardware.toml). Not while the model works:
+        the setup's test would have to stop it."""
+        from dgchat.app.models_screen import ModelsScreen
+        from dgchat.app.wizard_screen import WizardScreen
+
+        if any(isinstance(s, WizardScreen) for s in self.screen_stack):
+            return
+        if any(isinstance(s, ModelsScreen) for s in self.screen_stack):
+            self.notify("Close the Models screen (Esc) first; then setup can run.", severity="warning")
+            return
+        if self.session.busy:
+            self.notify(f"{self.session.busy_text()} Then setup can run.", severity="warning")
+            return
+        self.push_screen(WizardScreen(rerun=True, start=start))
+
     def action_npc_workshop(self) -> None:
         from dgchat.app.npc_screen import open_workshop
 
@@ -149,7 +167,7 @@ class DgchatApp(App[int]):
     def action_help(self) -> None:
         if isinstance(self.screen, HelpModal):
             return
-        hint = f"Remap keys in {short_path(self.config.path)}:  [keys]  \"chat.regenerate\" = \"f5\""
+        hint = remap_hint(short_path(self.config.path))
         self.push_screen(HelpModal(self.help_rows(), hint))
 
     def help_rows(self) -> HelpRows:
@@ -189,6 +207,7 @@ def binding_sources() -> list[tuple[str, list[type]]]:
     from dgchat.app.drafting_screen import DraftingScreen
     from dgchat.app.edit_modal import EditModal
     from dgchat.app.error_modal import ErrorModal as _Error
+    from dgchat.app.model_picker import ModelPicker
     from dgchat.app.models_screen import ModelsScreen
     from dgchat.app.npc_card_modal import CardModal
     from dgchat.app.npc_screen import NpcScreen
@@ -208,6 +227,7 @@ def binding_sources() -> list[tuple[str, list[type]]]:
         ("Sidebar (chat list)", [ChatList]),
         ("Search", [SearchModal]),
         ("Settings", [SettingsModal]),
+        ("Model picker", [ModelPicker]),
         ("Edit prompt", [EditModal]),
         ("Dialogs", [ConfirmModal, PromptModal, _Error, NoModelScreen, HelpModal]),
         ("Models", [ModelsScreen]),

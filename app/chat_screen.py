@@ -4,24 +4,37 @@ Sending stores the user message (committed) before anything else, then asks the 
 (app/session.py) to run the answer as a job. While it runs, a LiveView picks up the latest
 StepEvent at most `refresh_hz` times a second and repaints the live canvas; the generation loop
 never waits for it.
+
+Versions: regenerating keeps the earlier answers and editing a prompt keeps the earlier prompt
+with what followed it (app/store.py keeps each turn's versions). A turn with several versions
+shows "‹ 2/3 ›"; [ / ] on the focused message flip between them. The version shown is the
+conversation: it is what the model reads for the next prompt and what export writes.
+
+The status line ends with the conversation's size in the model's context ("1,234 / 4,096
+tokens"), taken from each answer's own prompt count, or counted by a short ContextCountJob when
+the model or the branch changed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from pathlib import Path
 from typing import Any
 
+from dgchat.app.breakpoints import NARROW_BELOW, WIDTH_BREAKPOINTS
 from dgchat.app.clipboard import copy_text
 from dgchat.app.confirm_modal import ConfirmModal
 from dgchat.app.edit_modal import EditModal
 from dgchat.app.error_modal import ErrorModal
 from dgchat.app.export import default_export_path, export_chat
-from dgchat.app.generation import ChatAnswer
+from dgchat.app.generation import ChatAnswer, ContextCount, ContextCountJob
 from dgchat.app.live_view import LiveView
+from dgchat.app.model_source import ModelSource
 from dgchat.app.paths import display_name, short_path
 from dgchat.app.prompt_modal import PromptModal
+from dgchat.app.sampler_text import defaults_text, temperature_text
 from dgchat.app.search_modal import SearchModal
 from dgchat.app.session import Engine, JobDone, ModelChange, ModelSession
 from dgchat.app.settings_modal import ChatSettings, SettingsModal
@@ -33,10 +46,11 @@ from dgchat.app.widgets.prompt_input import PromptInput
 from dgchat.app.widgets.status_bar import StatusBar
 from dgchat.model_backend.errors import DgchatError
 from dgchat.model_backend.params import DiffusionParams
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import Screen
+from textual.screen import ActiveBinding, Screen
 from textual.widgets import Footer, Header, Label
 
 
@@ -54,13 +68,28 @@ def check_model_file(path: str) -> str | None:
     return None
 
 
+def _answer_context_tokens(message: Message, model: Path) -> int | None:
+    """The conversation's size that an answer by `model` counted for itself (its prompt + its
+    tokens), or None when another model (tokenizer) wrote it or it has no count."""
+    if message.role != "assistant" or message.meta.get("model_path") != str(model):
+        return None
+    stats = message.meta.get("stats")
+    if not isinstance(stats, dict):
+        return None
+    prompt, tokens = stats.get("prompt_tokens"), stats.get("tokens")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (prompt, tokens)) or not prompt:
+        return None
+    return prompt + tokens
+
+
 class ChatScreen(Screen):
     BINDINGS = [
         Binding("escape", "stop", "Stop", id="chat.stop"),
         Binding("ctrl+n", "new_chat", "New chat", id="chat.new"),
         Binding("ctrl+r", "regenerate", "Regenerate", id="chat.regenerate"),
         Binding("ctrl+g", "edit_last", "Edit prompt", show=False, id="chat.edit_last"),
-        Binding("alt+c", "copy_last", "Copy answer", show=False, id="chat.copy_last"),
+        # F8 too: some terminals and tmux setups keep Alt for themselves
+        Binding("alt+c,f8", "copy_last", "Copy answer", show=False, id="chat.copy_last"),
         Binding("ctrl+s", "export", "Export", show=False, id="chat.export"),
         Binding("ctrl+f", "search", "Search", id="chat.search"),
         Binding("ctrl+o", "settings", "Settings", id="chat.settings"),
@@ -68,6 +97,27 @@ class ChatScreen(Screen):
         Binding("ctrl+b", "toggle_sidebar", "Sidebar", show=False, id="chat.toggle_sidebar"),
         Binding("ctrl+l", "focus_prompt", "Prompt", show=False, id="chat.focus_prompt"),
     ]
+    # -narrow / -medium / -wide by terminal width (app/breakpoints.py): dgchat.tcss hides the sidebar on
+    # narrow terminals; Ctrl+B sets an inline display that wins over that rule, so the user's choice holds
+    HORIZONTAL_BREAKPOINTS = WIDTH_BREAKPOINTS
+    # below NARROW_BELOW columns the footer cannot hold every key; these stay on F1 and the palette
+    FOOTER_DROPS_WHEN_NARROW = frozenset({"search", "new_chat"})
+
+    @property
+    def active_bindings(self) -> dict[str, ActiveBinding]:
+        """What the footer lists: on a narrow terminal without New chat and Search, so that Settings,
+        Keys (F1) and Commands (Ctrl+P) stay readable. Only the footer's listing changes; the keys work."""
+        bindings = super().active_bindings
+        if self.size.width >= NARROW_BELOW:
+            return bindings
+        return {
+            key: active._replace(binding=dataclasses.replace(active.binding, show=False))
+            if active.binding.action in self.FOOTER_DROPS_WHEN_NARROW else active
+            for key, active in bindings.items()
+        }
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.refresh_bindings()  # the footer's listing depends on the width (active_bindings)
 
     def __init__(self, open_chat: int | None = None) -> None:
         super().__init__(id="chat-screen")
@@ -81,6 +131,10 @@ class ChatScreen(Screen):
         self._pending = False  # a prompt waits for the model to finish loading
         self._reseed = False
         self._settings_after_load = False
+        self._context_count: ContextCount | None = None  # the conversation's size, for the status line
+        self._count_job: ContextCountJob | None = None
+        self._count_wanted = False  # a count waits for the engine to be free, or for this screen
+        self._count_fresh = False  # ... and must not reuse an earlier count (see recount)
 
     # -- layout ---------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -113,6 +167,11 @@ class ChatScreen(Screen):
         self.query_one(PromptInput).set_history(self.store.prompt_history())
         chat_id = self._open_at_start
         if chat_id is None:
+            # no --chat: reopen the chat used last (a deleted one leaves a new chat)
+            last = self.store.get_setting("last_chat")
+            if isinstance(last, int) and not isinstance(last, bool) and self.store.get_chat(last) is not None:
+                chat_id = last
+        if chat_id is None:
             self.refresh_sidebar()
             self._render_conversation()
         else:
@@ -121,21 +180,35 @@ class ChatScreen(Screen):
         self.query_one(PromptInput).focus()
 
     # -- model state ----------------------------------------------------------------------------
-    def model_path_for(self, chat: Chat | None) -> Path | None:
+    def model_path_for(self, chat: Chat | None) -> ModelSource | None:
         if chat is not None and chat.model:
             return Path(chat.model).expanduser()
         return self.session.default_path
+
+    def _local_model(self) -> Path | None:
+        """The chat's model when it is a file (not a server)."""
+        wanted = self.model_path_for(self.chat)
+        return wanted if isinstance(wanted, Path) else None
 
     def _model_changed(self, change: ModelChange) -> None:
         if change.kind == "loaded":
             self.model_ready()
         elif change.kind == "failed":
             self.model_failed()
+        elif change.kind == "idle":
+            self.update_status()
+            if self._pending and self.session.loading_path is None:
+                self._pending = False  # the engine was counting tokens when the prompt came
+                self.start_generation()
+            elif self._count_wanted:
+                self.recount()
         else:
             self.update_status()
 
     def model_ready(self) -> None:
         self.update_status()
+        if not self._pending:
+            self.recount()  # another tokenizer, another context
         if self._settings_after_load:
             self._settings_after_load = False
             self.action_settings()
@@ -161,22 +234,96 @@ class ChatScreen(Screen):
         bar.set_loading(session.load_fraction if session.loading_path is not None else None)
         if engine is None or session.loading_path is not None:
             bar.set_text(session.status_text(wanted, when="it loads when you send"))
+            bar.set_context(None)
             return
         try:
             p = self.effective_params(engine)
             blocks = f" · block {p.block_length}" if p.block_length else ""
             thr = f" · threshold {p.threshold:g}" if p.threshold is not None else ""
-            bar.set_text(
-                f"{display_name(wanted)} · {engine.label} · steps {p.steps} · canvas {p.gen_length}{blocks}"
-                f" · {p.algorithm}{thr} · T {p.temperature:g}"
-            )
+            if getattr(engine, "is_dgchat", True):
+                bar.set_text(
+                    f"{session.model_name(wanted)} · {engine.label} · steps {p.steps} · canvas {p.gen_length}{blocks}"
+                    f" · {p.algorithm}{thr} · T {temperature_text(p, engine.info.uniform_state)}"
+                )
+            else:  # not a dgchat server: it samples with its own settings and sends text only
+                bar.set_text(f"{session.model_name(wanted)} · {engine.label} · text only · max tokens {p.max_tokens}")
         except DgchatError as exc:
-            bar.set_text(f"{display_name(wanted)} · settings problem: {exc}")
+            bar.set_text(f"{session.model_name(wanted)} · settings problem: {exc}")
+            p = None
+        context = self._context_count
+        if context is not None and self.chat is not None and context.chat_id == self.chat.id and context.model == wanted:
+            bar.set_context(context.tokens, engine.n_ctx_max, int(p.gen_length or 0) if p is not None else 0)
+        else:
+            bar.set_context(None)
+
+    # -- the conversation's size in the model's context -----------------------------------------
+    def recount(self, *, fresh: bool = False) -> None:
+        """Bring the status line's token count up to date for the conversation shown: from its
+        last answer when this model wrote it (the answer counted its own prompt), else counted by
+        a short job on the engine, now or as soon as the engine is free. `fresh`: the system
+        prompt changed, so an earlier count or an answer's own count no longer holds."""
+        fresh = fresh or self._count_fresh
+        self._count_wanted = self._count_fresh = False
+        chat = self.chat
+        wanted = self.model_path_for(chat)
+        if chat is None or wanted is None:
+            self._context_count = None
+            self.update_status()
+            return
+        conversation = self.store.messages(chat.id)
+        last = conversation[-1] if conversation else None
+        last_id = last.id if last is not None else None
+        known = self._context_count
+        if (not fresh and known is not None and known.chat_id == chat.id and known.model == wanted
+                and known.last_id == last_id):
+            self.update_status()
+            return
+        self._context_count = None
+        own = None if fresh or last is None else _answer_context_tokens(last, wanted)
+        if own is not None:
+            self._context_count = ContextCount(chat.id, last_id, wanted, own)
+        elif last is not None and self.session.loaded(wanted) is not None and self.session.loading_path is None:
+            if self.generating or self.session.busy or not self.is_current:
+                # counted on the "idle" change, or when this screen is back: never take the engine
+                # from under a tool screen (NPC workshop, drafting) about to use it
+                self._count_wanted, self._count_fresh = True, fresh
+            else:
+                job = ContextCountJob(self._history_for_model(conversation), chat_id=chat.id, last_id=last_id,
+                                      model=wanted, answer_pending=last.role == "user")
+                if self.session.start(job, self):
+                    self._count_job = job
+        self.update_status()
+
+    @on(events.ScreenResume)
+    def _count_when_back(self) -> None:
+        if self._count_wanted:
+            self.recount()
+
+    def _counted(self, job: ContextCountJob) -> None:
+        if job is self._count_job:
+            self._count_job = None
+        result = job.result
+        # a template that fails to render shows no count: the next answer says what is wrong
+        if job.error is None and isinstance(result, ContextCount) and self.chat is not None \
+                and result.chat_id == self.chat.id:
+            conversation = self.store.messages(self.chat.id)
+            if (conversation[-1].id if conversation else None) == result.last_id:
+                self._context_count = result
+            else:
+                self._count_wanted = True  # the conversation moved on meanwhile
+        self.update_status()
 
     # -- parameters -----------------------------------------------------------------------------
-    def base_params(self) -> DiffusionParams:
-        """Config [sampler] defaults (unset fields stay None for the model's defaults)."""
-        return self.app.config.sampler_params()
+    def base_params(self, engine: Engine | None = None) -> DiffusionParams:
+        """Config [sampler] defaults (unset fields stay None for the model's defaults). On a server
+        that cannot take some of them (vLLM takes no diffusion settings) those stay unset: the
+        config is for every model, a chat's own settings are not dropped."""
+        params = self.app.config.sampler_params()
+        unsupported = getattr(engine, "unsupported", None)  # a remote engine (dgchat.remote)
+        if unsupported is not None:
+            plain = DiffusionParams()
+            params = dataclasses.replace(params, **{n: getattr(plain, n) for n in unsupported(params)})
+        return params
 
     def loaded_engine(self) -> Engine | None:
         """The engine for this chat's model when it is loaded, else None."""
@@ -184,11 +331,11 @@ class ChatScreen(Screen):
 
     def default_params(self, engine: Engine) -> DiffusionParams:
         """The model's recommended settings over the config's [sampler] table."""
-        return engine.resolve(self.base_params())
+        return engine.resolve(self.base_params(engine))
 
     def effective_params(self, engine: Engine) -> DiffusionParams:
         overrides = dict(self.chat.params) if self.chat else {}
-        return engine.resolve(self.base_params().updated(**overrides))
+        return engine.resolve(self.base_params(engine).updated(**overrides))
 
     # -- chats ----------------------------------------------------------------------------------
     def refresh_sidebar(self) -> None:
@@ -213,12 +360,14 @@ class ChatScreen(Screen):
         self.chat = chat
         self._pending = False
         self.store.set_setting("last_chat", chat_id)
+        if focus_message is not None and all(m.id != focus_message for m in self.store.messages(chat_id)):
+            self.store.show_version(focus_message)  # a search hit in an older version: show that version
         self.refresh_sidebar()
         self._render_conversation(focus_message)
         wanted = self.model_path_for(chat)
         if wanted is not None and self.session.loaded(wanted) is None and self.session.loading_path is None:
             self.session.load(wanted)
-        self.update_status()
+        self.recount()
 
     def _new_chat_row(self) -> Chat:
         return self.store.create_chat(system_prompt=self.app.config.system_prompt)
@@ -226,6 +375,7 @@ class ChatScreen(Screen):
     def ensure_chat(self) -> Chat:
         if self.chat is None:
             self.chat = self._new_chat_row()
+            self.store.set_setting("last_chat", self.chat.id)  # the next start reopens it
         return self.chat
 
     def _render_conversation(self, focus_message: int | None = None) -> None:
@@ -285,19 +435,22 @@ class ChatScreen(Screen):
         # start once the prompt is on screen: that layout then does not compete with the first steps
         self.call_after_refresh(self.start_generation)
 
-    def _history_for_model(self) -> list[dict[str, str]]:
+    def _history_for_model(self, conversation: list[Message] | None = None) -> list[dict[str, str]]:
+        """The conversation (the shown version of each turn) as the model's chat messages."""
         assert self.chat is not None
         messages: list[dict[str, str]] = []
         if self.chat.system_prompt.strip():
             messages.append({"role": "system", "content": self.chat.system_prompt})
-        for m in self.store.messages(self.chat.id):
+        for m in self.store.messages(self.chat.id) if conversation is None else conversation:
             if m.role == "assistant" and not m.content.strip():
                 continue
             messages.append({"role": m.role, "content": m.content})
         return messages
 
     def start_generation(self) -> None:
-        """Answer the chat's last prompt with the chat's model and settings."""
+        """Answer the chat's last prompt with the chat's model and settings. When the conversation
+        already ends with an answer (regenerate), the new answer is another version of it: the
+        model reads the conversation up to the prompt, and the earlier answer is kept."""
         session = self.session
         if self.chat is None or self.generating:
             return
@@ -316,25 +469,40 @@ class ChatScreen(Screen):
                 self.notify(f"Loading {display_name(wanted)}; your message will be answered when it is ready.")
             return
         if session.busy:
+            if self._count_job is not None and session.job is self._count_job:
+                self._pending = True  # counting takes milliseconds: answer when it is done ("idle")
+                return
             self.notify(f"Your message is saved. {session.busy_text()}", severity="warning")
             return
         try:
             params = self.effective_params(engine)
             if self._reseed and (params.temperature or 0) > 0:
                 params = params.updated(seed=random.randrange(1 << 31))
-            messages = self._history_for_model()
+            conversation = self.store.messages(self.chat.id)
+            replacing = conversation.pop() if conversation and conversation[-1].role == "assistant" else None
+            messages = self._history_for_model(conversation)
         except DgchatError as exc:
             self.app.push_screen(ErrorModal("Cannot generate", str(exc)))
             return
         finally:
             self._reseed = False
-        answer = self.store.begin_answer(self.chat.id, {"model": display_name(wanted)})
+        answer = self.store.begin_answer(
+            self.chat.id, {"model": session.model_name(wanted), "model_path": str(wanted)},
+            version_of=replacing.id if replacing is not None else None,
+        )
         generation = ChatAnswer(messages, params, store=self.store, message_id=answer.id,
-                                model_name=display_name(wanted))
+                                model_name=session.model_name(wanted))
         if not session.start(generation, self):
-            self.store.delete_message(answer.id)
+            self.store.delete_message(answer.id)  # the replaced answer is the shown version again
             self.notify("The model is not ready; your message is saved (Ctrl+R answers it).", severity="warning")
             return
+        if replacing is not None:
+            view = self.view_for(replacing.id)
+            if view is not None:
+                view.add_class("-removed")
+                view.remove()
+            if not replacing.content.strip() and replacing.status != "generating":
+                self.store.delete_message(replacing.id)  # nothing was decided: not worth a version
         self.generation = generation
         self._last_checkpoint = time.monotonic()
         self.canvas = LiveCanvas(engine, id="live-canvas", classes="message -assistant -live")
@@ -369,6 +537,9 @@ class ChatScreen(Screen):
                 pass
 
     def on_job_done(self, message: JobDone) -> None:
+        if isinstance(message.job, ContextCountJob):
+            self._counted(message.job)
+            return
         generation = message.job
         if generation is not self.generation or not isinstance(generation, ChatAnswer):
             return
@@ -384,6 +555,15 @@ class ChatScreen(Screen):
         if saved is not None and (self.chat is None or saved.chat_id == self.chat.id):
             conversation.mount(MessageView(saved))
             conversation.scroll_end(animate=False)
+        elif saved is None and self.chat is not None:
+            self._render_conversation()  # nothing was kept: a replaced answer is shown again
+        tokens = generation.context_tokens
+        wanted = self.model_path_for(self.chat)
+        if self.chat is not None and saved is not None and tokens is not None and wanted is not None:
+            # the answer's own prompt count + its tokens: no second pass through the template
+            self._context_count = ContextCount(self.chat.id, saved.id, wanted, tokens)
+        else:
+            self._count_wanted = True  # counted once the engine is free ("idle")
         if generation.error is not None:
             self.app.push_screen(ErrorModal("Generation failed", generation.error_text()))
         elif generation.final is not None and generation.final.stop_reason == "cancelled":
@@ -417,7 +597,7 @@ class ChatScreen(Screen):
         self._pending = False
         self.refresh_sidebar()
         self._render_conversation()
-        self.update_status()
+        self.recount()
         self.query_one(PromptInput).focus()
 
     def action_focus_prompt(self) -> None:
@@ -442,31 +622,57 @@ class ChatScreen(Screen):
         if not messages:
             self.notify("Nothing to regenerate yet.")
             return
-        last = messages[-1]
-        if last.role == "assistant":
-            self.store.delete_message(last.id)
-            view = self.view_for(last.id)
-            if view is not None:
-                view.add_class("-removed")
-                view.remove()
+        # the answer (if the conversation ends with one) is kept: the new one becomes its next version
         self._reseed = True
         self.start_generation()
 
     def edit_message(self, message: Message) -> None:
+        """Edit a prompt and re-run from it: the edited prompt is a new version of that turn; the
+        old prompt and everything after it stay as the earlier version ([ on the prompt)."""
         if self._busy() or self.chat is None:
             return
-        later = sum(1 for m in self.store.messages(self.chat.id) if m.id > message.id)
+        chat_id = self.chat.id
 
         def done(text: str | None) -> None:
-            if text is None or self.chat is None:
+            if text is None or self.chat is None or self.chat.id != chat_id:
                 return
-            self.store.update_message(message.id, text)
-            self.store.delete_after(self.chat.id, message.id)
+            self.store.add_message(chat_id, "user", text, version_of=message.id)
             self._render_conversation()
-            self.query_one(PromptInput).set_history(self.store.prompt_history())
+            prompt = self.query_one(PromptInput)
+            prompt.set_history(self.store.prompt_history())
             self.start_generation()
+            # the dialog gave focus back to the message it was opened from, which is gone now
+            self.call_after_refresh(prompt.focus)
 
-        self.app.push_screen(EditModal(message.content, later), done)
+        # nothing is replaced (the earlier version is kept), so the dialog warns of nothing
+        self.app.push_screen(EditModal(message.content), done)
+
+    def flip_version(self, message: Message, step: int) -> None:
+        """Show the older (step -1) or newer (+1) version of the message's turn; the conversation
+        after it becomes that version's own continuation."""
+        if self._busy() or self.chat is None:
+            return
+        versions = self.store.versions(message.id)
+        index = next((i for i, v in enumerate(versions) if v.id == message.id), None)
+        if index is None or not 0 <= index + step < len(versions):
+            return
+        target = versions[index + step]
+        self.store.show_version(target.id)
+        conversation = self.query_one("#conversation", VerticalScroll)
+        views = [v for v in conversation.children if isinstance(v, MessageView) and not v.has_class("-removed")]
+        start = next((i for i, v in enumerate(views) if v.message.id == message.id), None)
+        path = self.store.messages(self.chat.id)
+        at = next((i for i, m in enumerate(path) if m.id == target.id), None)
+        if start is None or at is None:
+            self._render_conversation(target.id)
+        else:
+            for view in views[start:]:  # the old version and what followed it
+                view.add_class("-removed")
+                view.remove()
+            shown = [MessageView(m) for m in path[at:]]
+            conversation.mount_all(shown)
+            self.call_after_refresh(shown[0].focus)
+        self.recount()
 
     def action_edit_last(self) -> None:
         last = self._last("user")
@@ -499,28 +705,47 @@ class ChatScreen(Screen):
                 self.notify("Only the last answer can be regenerated; edit its prompt to re-run an earlier one.")
                 return
             self.action_regenerate()
+        elif event.action == "older_version":
+            self.flip_version(message, -1)
+        elif event.action == "newer_version":
+            self.flip_version(message, +1)
 
     def action_export(self) -> None:
+        from dgchat.app.export import (
+            export_dir,
+            export_error_text,
+            export_problem,
+            export_target,
+        )
+        from dgchat.app.widgets.path_suggester import PathSuggester
+
         if self.chat is None:
             self.notify("Nothing to export yet.")
             return
         chat = self.chat
+        folder = export_dir(self.app.config.export_dir)
 
-        def done(path: str | None) -> None:
-            if not path:
-                return
+        def write(text: str) -> str | None:
+            # runs on Export: a problem is shown in the dialog, which stays open with the path typed
+            if not text:
+                return "enter the file to write"
+            target = export_target(text, folder)
+            problem = export_problem(target)
+            if problem:
+                return problem
             try:
-                written = export_chat(chat, self.store.messages(chat.id), path)
+                written = export_chat(chat, self.store.messages(chat.id), target)
             except OSError as exc:
-                self.app.push_screen(ErrorModal("Export failed", f"{path}: {exc.strerror or exc}"))
-                return
-            self.notify(f"Exported to {short_path(written)}")
+                return export_error_text(target, exc)
+            self.notify(f"Exported to {written}")
+            return None
 
-        self.app.push_screen(
-            PromptModal("Export chat to Markdown", str(default_export_path(chat)), ok_label="Export",
-                        help_text="File to write (replaced atomically if it exists):"),
-            done,
-        )
+        self.app.push_screen(PromptModal(
+            "Export chat to Markdown", str(default_export_path(chat, folder)), ok_label="Export", check=write,
+            suggester=PathSuggester((".md",)),
+            help_text=f"Into {folder} (export_dir in {short_path(self.app.config.path)}; a missing folder is "
+                      "created, an existing file replaced):",
+        ))
 
     def action_search(self) -> None:
         def done(result: tuple[int, int | None] | None) -> None:
@@ -614,6 +839,7 @@ class ChatScreen(Screen):
                 defaults=defaults,
                 resolve=engine.resolve,
                 check_model=check_model_file,
+                default_model=self.session.default_path if isinstance(self.session.default_path, Path) else None,
             ),
             done,
         )
@@ -627,7 +853,7 @@ class ChatScreen(Screen):
         wanted = self.model_path_for(self.chat)
         if wanted is not None and self.session.loaded(wanted) is None:
             self.session.load(wanted)
-        self.update_status()
+        self.recount(fresh=True)  # the system prompt or the model may have changed
         if not quiet:
             self.notify("Chat settings saved.")
 
@@ -641,11 +867,13 @@ class ChatScreen(Screen):
         self.notify("Sampler settings back to the model's defaults.")
 
     def action_open_model(self) -> None:
+        from dgchat.app.model_picker import ModelPicker
+
         if self._busy():
             return
 
-        def done(path: str | None) -> None:
-            if not path:
+        def done(path: Path | None) -> None:
+            if path is None:
                 return
             full = str(Path(path).expanduser().resolve())
             if self.chat is None:
@@ -656,11 +884,9 @@ class ChatScreen(Screen):
                 self.apply_settings(ChatSettings(full, self.chat.system_prompt, self.chat.params))
             self.update_status()
 
-        current = self.model_path_for(self.chat)
         self.app.push_screen(
-            PromptModal("Open model", str(current) if current else "", placeholder="/path/to/model.gguf",
-                        ok_label="Open", check=lambda p: check_model_file(p) if p else "enter the path of a GGUF file",
-                        help_text="A GGUF text-diffusion model (LLaDA, Dream, RND1, DiffusionGemma):"),
+            ModelPicker(current=self._local_model(), check=check_model_file,
+                        open_models=self.app.action_models, title="Open model"),
             done,
         )
 
@@ -688,10 +914,10 @@ class ChatScreen(Screen):
             self.notify("No model is loaded.")
             return
         info = engine.info
-        defaults = ", ".join(f"{k}={v}" for k, v in sorted(info.defaults.items()))
+        temperature, defaults = defaults_text(info.defaults, info.uniform_state)
         text = (
             f"{info.name}\n{short_path(engine.path)}\n\narchitecture: {info.architecture} ({info.family})\n"
-            f"runs as: {engine.label}\ncontext: {engine.n_ctx_max} tokens\n"
-            f"recommended sampler: {defaults}"
+            f"runs as: {engine.label}\ncontext: {engine.n_ctx_max:,} tokens\n"
+            f"temperature: {temperature}\nrecommended sampler: {defaults}"
         )
         self.app.push_screen(ErrorModal("Model", text))

@@ -81,6 +81,19 @@ class ModelCommands(NamespacedProvider):
         ]
 
 
+class SetupCommands(NamespacedProvider):
+    namespace = "setup"
+
+    def commands(self) -> Iterable[Command]:
+        app = self.dgchat
+        return [
+            ("run again", "The first-run setup: this machine, a model, its download and a test",
+             app.action_setup),
+            ("correct the hardware values", "Fix the detected CPU cores, RAM, disk or GPU memory that the "
+             "model fit badges use (kept in hardware.toml)", lambda: app.action_setup("hardware")),
+        ]
+
+
 class ViewCommands(NamespacedProvider):
     namespace = "view"
 
@@ -106,4 +119,4 @@ class OpenChatCommands(NamespacedProvider):
         ]
 
 
-PROVIDERS = (ChatCommands, ModelCommands, ViewCommands, OpenChatCommands)
+PROVIDERS = (ChatCommands, ModelCommands, SetupCommands, ViewCommands, OpenChatCommands)

@@ -8,6 +8,7 @@
     clipboard = "auto"        # auto | osc52 | file
     n_threads = 8             # CPU threads for llama.cpp (default: all cores)
     n_gpu_layers = 99         # layers to offload (default: all when the build supports it)
+    export_dir = "~/Documents/dgchat"  # where Ctrl+S writes chats (default: that, else <data dir>/exports)
 
     [sampler]                 # defaults for every chat, over the model's recommended values
     steps = 64
@@ -16,6 +17,10 @@
 
     [keys]                    # binding id = "key" or "key1,key2" (F1 lists the ids)
     "chat.stop" = "escape"
+
+    [server]                  # `dgchat`, `dgchat generate|npc` without -m use this server (docs/SCALING.md)
+    url = "http://gpu-box:8765"
+    api_key = "..."           # or $DGCHAT_API_KEY; --api-key wins
 
 This module must stay importable without Textual: `dgchat generate` reads `default_model` from it.
 """
@@ -51,9 +56,10 @@ SAMPLER_KEYS: dict[str, tuple[type, str]] = {
     "seed": (int, "an integer"),
 }
 TOP_KEYS = (
-    "default_model", "theme", "system_prompt", "refresh_hz", "clipboard", "n_threads", "n_gpu_layers",
-    "sampler", "keys",
+    "default_model", "theme", "system_prompt", "refresh_hz", "clipboard", "n_threads", "n_gpu_layers", "export_dir",
+    "sampler", "keys", "server",
 )
+SERVER_KEYS = ("url", "api_key")
 _KEY_RE = re.compile(r"^(?:(?:ctrl|shift|alt|meta|super|hyper)\+)*(?:[a-z0-9_]+|[^\s,+])$")
 
 
@@ -72,8 +78,11 @@ class Config:
     clipboard: str = "auto"
     n_threads: int | None = None
     n_gpu_layers: int | None = None
+    export_dir: str | None = None  # None: dgchat.app.export.default_export_dir()
     sampler: dict[str, Any] = field(default_factory=dict)
     keys: dict[str, str] = field(default_factory=dict)
+    server_url: str | None = None  # [server] url: an OpenAI-compatible server (dgchat.remote)
+    server_api_key: str | None = None  # [server] api_key
 
     def sampler_params(self) -> DiffusionParams:
         """The config's sampler defaults as DiffusionParams (unset fields stay None)."""
@@ -138,11 +147,32 @@ def load_config(path: str | Path | None = None) -> Config:
         config.n_threads = _int(path, "n_threads", raw["n_threads"], 1, None, "a positive integer")
     if "n_gpu_layers" in raw:
         config.n_gpu_layers = _int(path, "n_gpu_layers", raw["n_gpu_layers"], 0, None, "an integer >= 0")
+    if "export_dir" in raw:
+        value = raw["export_dir"]
+        if not isinstance(value, str) or not value.strip():
+            raise _fail(path, f"export_dir must be the path of a folder (got {_describe(value)})")
+        config.export_dir = str(Path(value).expanduser())
     if "sampler" in raw:
         config.sampler = _sampler(path, raw["sampler"])
     if "keys" in raw:
         config.keys = _keys(path, raw["keys"])
+    if "server" in raw:
+        config.server_url, config.server_api_key = _server(path, raw["server"])
     return config
+
+
+def _server(path: Path, table: Any) -> tuple[str | None, str | None]:
+    if not isinstance(table, dict):
+        raise _fail(path, "[server] must be a table with url and api_key")
+    for key in table:
+        if key not in SERVER_KEYS:
+            raise _fail(path, f"[server] unknown setting {key!r} (known: {', '.join(SERVER_KEYS)})")
+    url, key = table.get("url"), table.get("api_key")
+    if url is not None and (not isinstance(url, str) or not url.startswith(("http://", "https://"))):
+        raise _fail(path, f"[server] url must be an http:// or https:// URL (got {_describe(url)})")
+    if key is not None and (not isinstance(key, str) or not key.strip()):
+        raise _fail(path, "[server] api_key must be a non-empty string")
+    return url, key
 
 
 def _sampler(path: Path, table: Any) -> dict[str, Any]:

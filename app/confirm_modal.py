@@ -1,6 +1,8 @@
-"""Yes / no question (deleting a chat)."""
+"""Yes / no question (deleting a chat, removing or downloading a model)."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -15,18 +17,21 @@ class ConfirmModal(ModalScreen[bool]):
         Binding("y", "answer(True)", "Yes", show=False, id="dialog.yes"),
     ]
 
-    def __init__(self, title: str, message: str, confirm_label: str = "Delete") -> None:
+    def __init__(self, title: str, message: str, confirm_label: str = "Delete",
+                 confirm_variant: Literal["default", "primary", "success", "warning", "error"] = "error") -> None:
+        """`confirm_variant`: the confirm button's colour (red for what destroys, primary otherwise)."""
         super().__init__(classes="dialog-screen")
         self.title_text = title
         self.message = message
         self.confirm_label = confirm_label
+        self.confirm_variant = confirm_variant
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Label(self.title_text, classes="dialog--title")
             yield Static(self.message, markup=False, classes="dialog--body")
             with Horizontal(classes="dialog--buttons"):
-                yield Button(self.confirm_label, variant="error", id="yes")
+                yield Button(self.confirm_label, variant=self.confirm_variant, id="yes")
                 yield Button("Cancel", id="no")
 
     def on_mount(self) -> None:

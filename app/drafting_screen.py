@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from dgchat.app import paths
+from dgchat.app.breakpoints import WIDTH_BREAKPOINTS
 from dgchat.app.drafting_plan import DraftPlan, DraftRequest, plan, proposal_text
 from dgchat.app.engine_protocol import Engine
 from dgchat.app.error_modal import ErrorModal
+from dgchat.app.model_source import is_remote_engine
 from dgchat.app.paths import short_path
 from dgchat.app.session import EngineJob
 from dgchat.app.tool_screen import ToolScreen, open_tool
@@ -36,6 +38,8 @@ from textual.widgets import Footer, Header, TextArea
 from textual.widgets.text_area import Selection
 
 AUTOSAVE_DELAY = 1.0  # seconds after the last change
+NOT_ON_A_SERVER = ("Drafting is not available against a server yet: it lays out its canvas with the model's "
+                   "tokenizer. Open a local model (Ctrl+P → model: open…) to draft.")
 
 
 def open_drafting(app: Any) -> None:
@@ -72,6 +76,9 @@ class DraftingScreen(ToolScreen):
         Binding("escape", "back", "Back", id="draft.back"),
         Binding("ctrl+s", "save", "Save", show=False, id="draft.save"),
     ]
+    # -narrow / -medium / -wide by terminal width (app/breakpoints.py): below 110 columns the footer is
+    # compact (dgchat.tcss)
+    HORIZONTAL_BREAKPOINTS = WIDTH_BREAKPOINTS
     # CSS, not DEFAULT_CSS: it must win over the app stylesheet (e.g. its LiveCanvas rule); Screen CSS is
     # app-wide, hence every rule names the screen
     CSS = """
@@ -111,7 +118,7 @@ class DraftingScreen(ToolScreen):
         return self.query_one("#draft-preview", DraftPreview)
 
     def on_mount(self) -> None:
-        super().on_mount()
+        # ToolScreen.on_mount runs too: Textual calls each class's handler along the MRO
         seed = self.app.config.sampler_params().seed
         self._seed = int(seed) if seed is not None else 0
         editor = self.editor
@@ -184,7 +191,7 @@ class DraftingScreen(ToolScreen):
         self.save_now()
 
     def on_unmount(self) -> None:
-        super().on_unmount()
+        # ToolScreen.on_unmount (stops a running job) is called by Textual as well
         try:
             self.save_now()
         except Exception:  # noqa: BLE001 - the widgets may be gone already
@@ -215,6 +222,10 @@ class DraftingScreen(ToolScreen):
     def _start(self, proposal: Proposal) -> None:
         engine = self.engine_for_job()
         if engine is None:
+            return
+        if is_remote_engine(engine):
+            # drafting lays out a token-level canvas around the text: that needs the model's tokenizer
+            self.notify(NOT_ON_A_SERVER, severity="warning", timeout=8)
             return
         editor = self.editor
         proposal.engine = engine
@@ -365,8 +376,9 @@ class DraftingScreen(ToolScreen):
                 return
             bar.set_loading(None)
             if proposal.text is not None:
-                bar.set_text(f"Proposal{size} · seed {request.seed} · Enter/y accept · Esc/n reject · r another · "
-                             "+/- longer/shorter")
+                # short enough for 80 columns (y and n work too; F1 lists them)
+                bar.set_text(f"Proposal{size} · seed {request.seed} · Enter accept · Esc reject · r another · "
+                             "+/- size")
                 return
         bar.set_loading(None)
         text = editor.text
@@ -376,7 +388,8 @@ class DraftingScreen(ToolScreen):
         else:
             saved = "saved" if text == self._saved_text else "editing…"
         note = f" · {self._note}" if self._note else ""
-        bar.set_text(f"{self._short_path()} · {saved} · {words} words{note} · {self.model_status()}")
+        # the file's path last: on a narrow terminal it is what gets cut
+        bar.set_text(f"{saved} · {words} words{note} · {self.model_status()} · {self._short_path()}")
 
     def _idle_status(self) -> None:
         if not self.engine_busy and self.proposal is None:

@@ -1,4 +1,5 @@
-"""Edit an earlier prompt; saving re-runs the chat from there (later messages are replaced)."""
+"""Edit an earlier prompt; saving re-runs the chat from there as a new version of that turn (the
+earlier prompt and everything after it stay one `[`/`]` away)."""
 
 from __future__ import annotations
 
@@ -15,17 +16,15 @@ class EditModal(ModalScreen[str | None]):
         Binding("ctrl+s", "save", "Save & re-run", priority=True, id="edit.save"),
     ]
 
-    def __init__(self, text: str, later: int) -> None:
+    def __init__(self, text: str) -> None:
         super().__init__(classes="dialog-screen")
         self.text = text
-        self.later = later
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog -wide"):
             yield Label("Edit prompt", classes="dialog--title")
-            if self.later:
-                noun = "message" if self.later == 1 else "messages"
-                yield Static(f"Re-running replaces the {self.later} later {noun}.", classes="dialog--help")
+            yield Static("Re-running keeps the earlier version: [ and ] on the prompt flip back.",
+                         classes="dialog--help")
             yield TextArea(self.text, id="edit-text", soft_wrap=True, tab_behavior="focus")
             yield Label("", id="edit-error", classes="dialog--error")
             with Horizontal(classes="dialog--buttons"):

@@ -1,11 +1,17 @@
-"""A chat as a Markdown document (export), written atomically."""
+"""A chat as a Markdown document (export), written atomically into a known folder.
+
+The folder is `export_dir` from the config file, else ~/Documents/dgchat when there is a
+~/Documents, else `exports/` in dgchat's data folder; never the folder dgchat happened to be
+started from.
+"""
 
 from __future__ import annotations
 
+import errno
 import re
 from pathlib import Path
 
-from dgchat.app.paths import atomic_write_text
+from dgchat.app.paths import atomic_write_text, data_dir
 from dgchat.app.store import Chat, Message
 
 _STATUS_NOTE = {
@@ -20,8 +26,18 @@ def slug(title: str) -> str:
     return s[:48] or "chat"
 
 
-def default_export_path(chat: Chat, folder: Path | None = None) -> Path:
-    return (folder or Path.cwd()) / f"dgchat-{chat.id}-{slug(chat.title)}.md"
+def default_export_dir() -> Path:
+    """Where exports go when the config names no `export_dir`."""
+    documents = Path.home() / "Documents"
+    return documents / "dgchat" if documents.is_dir() else data_dir() / "exports"
+
+
+def export_dir(configured: str | None) -> Path:
+    return Path(configured).expanduser() if configured else default_export_dir()
+
+
+def default_export_path(chat: Chat, folder: Path) -> Path:
+    return folder / f"dgchat-{chat.id}-{slug(chat.title)}.md"
 
 
 def chat_markdown(chat: Chat, messages: list[Message]) -> str:
@@ -37,7 +53,8 @@ def chat_markdown(chat: Chat, messages: list[Message]) -> str:
     if chat.system_prompt.strip():
         lines += ["## System", "", chat.system_prompt.strip(), ""]
     for message in messages:
-        lines += ["## " + ("You" if message.role == "user" else "Assistant"), ""]
+        version = f" (version {message.version} of {message.versions})" if message.versions > 1 else ""
+        lines += ["## " + ("You" if message.role == "user" else "Assistant") + version, ""]
         body = message.content.rstrip()
         lines.append(body if body else "_(empty)_")
         note = _STATUS_NOTE.get(message.status)
@@ -47,7 +64,39 @@ def chat_markdown(chat: Chat, messages: list[Message]) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+def export_target(text: str, folder: Path) -> Path:
+    """The file a path typed in the export dialog means: a relative one is inside `folder`."""
+    path = Path(text.strip()).expanduser()
+    return path if path.is_absolute() else folder / path
+
+
+def export_problem(path: Path) -> str | None:
+    """Why `path` cannot be an export file, before anything is written, or None."""
+    if not path.name or path.is_dir():
+        return f"{path} is a folder; add a file name such as chat.md"
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                return f"cannot create the folder {path.parent}: {parent} is a file"
+            break
+    return None
+
+
 def export_chat(chat: Chat, messages: list[Message], path: str | Path) -> Path:
+    """Write the chat to `path` (a temporary file renamed over it; missing folders are created).
+    Raises OSError; `export_error_text` words it."""
     path = Path(path).expanduser()
-    atomic_write_text(path, chat_markdown(chat, messages))
+    atomic_write_text(path, chat_markdown(chat, messages), mode=0o644)  # a document to share, not a secret
     return path
+
+
+def export_error_text(path: Path, exc: OSError) -> str:
+    """An OSError from export_chat as one sentence naming the folder or file and the reason."""
+    reason = exc.strerror or str(exc)
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"cannot write to {path.parent}: {reason.lower()}; choose another folder (export_dir in the config)"
+    if exc.errno in (errno.ENOTDIR, errno.EEXIST):
+        return f"cannot create the folder {path.parent}: {reason.lower()}"
+    if exc.errno == errno.ENOSPC:
+        return f"no space left to write {path}"
+    return f"cannot write {path}: {reason}"

@@ -4,13 +4,18 @@
 *stores the latest* StepEvent (no message per step, no waiting on the UI); the screen's LiveView
 picks it up at the frame rate, so the generation never waits on rendering. When the answer ends
 (or fails) the worker writes the result to the store itself.
+
+`ContextCountJob` counts a conversation's tokens the same way (the model's chat template and
+tokenizer, on a worker thread) when no answer just did: another model, another branch.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from dgchat.app.model_source import ModelSource, engine_can_count
 from dgchat.app.session import Engine, EngineJob
 from dgchat.app.store import Store
 from dgchat.model_backend.errors import error_text
@@ -90,6 +95,17 @@ class ChatAnswer(EngineJob):
         else:
             self._save_failure()
 
+    @property
+    def context_tokens(self) -> int | None:
+        """The conversation with this answer, in tokens (its prompt + the answer), once finished."""
+        if self.final is None:
+            return None
+        # a remote engine cannot count the prompt itself (its prompt array is empty): the server's count
+        prompt = self.prompt_tokens or int(self.final.stats.prompt_tokens or 0)
+        if not prompt:
+            return None
+        return prompt + int(self.final.stats.tokens)
+
     def partial_text(self) -> str:
         event = self.event
         if event is None or self.engine is None:
@@ -117,3 +133,37 @@ class ChatAnswer(EngineJob):
                 self.store.delete_message(self.message_id)
         except Exception:  # noqa: BLE001 - the store itself may be closing
             pass
+
+
+@dataclass(frozen=True)
+class ContextCount:
+    """How many tokens a chat's conversation takes in `model`'s context, as of its message
+    `last_id` (the count belongs to that conversation and that tokenizer only)."""
+
+    chat_id: int
+    last_id: int | None
+    model: ModelSource
+    tokens: int
+
+
+class ContextCountJob(EngineJob):
+    """Counts a conversation as the model reads it: its chat template (untrusted, so on the
+    worker thread, never the UI thread), its tokenizer. Takes milliseconds; the result is a
+    ContextCount."""
+
+    def __init__(self, messages: list[dict[str, Any]], *, chat_id: int, last_id: int | None, model: ModelSource,
+                 answer_pending: bool) -> None:
+        super().__init__("token count", owner="the chat's token count")
+        self.messages = messages
+        self.chat_id = chat_id
+        self.last_id = last_id
+        self.model = model
+        self.answer_pending = answer_pending  # the conversation ends with a prompt: count its answer's header too
+
+    def work(self) -> ContextCount | None:
+        engine = self.engine
+        assert engine is not None
+        if not engine_can_count(engine):
+            return None  # no tokenizer here (a server's model): the next answer brings the server's count
+        tokens = engine.chat_prompt(self.messages, add_generation_prompt=self.answer_pending)
+        return ContextCount(self.chat_id, self.last_id, self.model, int(tokens.size))

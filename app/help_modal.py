@@ -13,6 +13,15 @@ from textual.widgets import Label, Static
 # (group title, [(binding id, key display, description)])
 HelpRows = list[tuple[str, list[tuple[str, str, str]]]]
 
+# The remapping example shown here and in docs/APP.md: a key no binding uses, so that copying
+# the example does not take a key from something else (tests check it stays free).
+REMAP_EXAMPLE = ("chat.regenerate", "f9")
+
+
+def remap_hint(config_path: str) -> str:
+    binding_id, key = REMAP_EXAMPLE
+    return f"Remap keys in {config_path}:  [keys]  \"{binding_id}\" = \"{key}\""
+
 
 class HelpModal(ModalScreen[None]):
     BINDINGS = [Binding("escape,f1,question_mark,q", "close", "Close", id="help.close")]

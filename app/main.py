@@ -8,8 +8,9 @@ from pathlib import Path
 
 from dgchat.app import paths
 from dgchat.app.config import Config, load_config
+from dgchat.app.model_source import ModelSource, ServerSource
 from dgchat.app.store import Store
-from dgchat.model_backend.errors import DgchatError
+from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 
 
 def resolve_app_model(arg: str | None, config: Config) -> Path | None:
@@ -26,9 +27,28 @@ def resolve_app_model(arg: str | None, config: Config) -> Path | None:
     return bundled_model_path()
 
 
+def resolve_app_source(args: argparse.Namespace, config: Config) -> ModelSource | None:
+    """The app's model: --server URL, else --model, else $DGCHAT_MODEL, else the config's [server]
+    url, else its default_model, else the bundled model. A server named on the command line or in
+    the config wins over default_model, as for `dgchat generate` (dgchat.remote.cli)."""
+    server = getattr(args, "server", None)
+    model = getattr(args, "model", None)
+    if server and model:
+        raise InvalidParameterError("give --model or --server, not both")
+    if not server and not model and not os.environ.get("DGCHAT_MODEL"):
+        server = config.server_url
+    if not server:
+        return resolve_app_model(model, config)
+    from dgchat.remote.client import API_KEY_ENV
+
+    key = getattr(args, "api_key", None) or os.environ.get(API_KEY_ENV) or config.server_api_key
+    return ServerSource.of(server, key)
+
+
 def build_app(args: argparse.Namespace, **kwargs):
     """The app for these arguments (config and database opened and validated); raises DgchatError."""
     config = load_config()
+    source = resolve_app_source(args, config)  # a bad --server URL fails before the database opens
     store = Store(paths.db_path())
     try:
         chat_id = getattr(args, "chat", None)
@@ -37,7 +57,7 @@ def build_app(args: argparse.Namespace, **kwargs):
         from dgchat.app.app import DgchatApp
 
         return DgchatApp(
-            config=config, store=store, model_path=resolve_app_model(getattr(args, "model", None), config),
+            config=config, store=store, model_path=source,
             open_chat=chat_id, **kwargs,
         )
     except BaseException:

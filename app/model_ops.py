@@ -28,22 +28,24 @@ from dgchat.hub import (
     DownloadError,
     Hardware,
     ModelManager,
+    NoNetworkError,
     NotFoundOnHubError,
     Progress,
     TokenRequiredError,
     VerificationError,
     detect_hardware,
 )
-from dgchat.hub.fit import FitEstimate
+from dgchat.hub.fit import Fit, FitEstimate
 from dgchat.hub.manager import ModelRow, PullResult
 from dgchat.hub.util import format_bytes
 from dgchat.model_backend.errors import DgchatError
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widget import Widget
-from textual.widgets import Button, Input, Label, ProgressBar, Static
+from textual.widgets import Button, DataTable, Input, Label, ProgressBar, Static
 
 PROGRESS_EVERY = 0.1  # seconds between progress hand-overs to the UI (phase changes always go through)
 
@@ -74,8 +76,8 @@ def machine_as_detected(models_dir: Path) -> Hardware:
 
 
 # -- words -----------------------------------------------------------------------------------------
-
-
+# Sizes are binary units everywhere (hub.util.format_bytes: KiB, MiB, GiB); fmt_size adds "≈" to an
+# approximate one. Nothing on these screens formats a size any other way.
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -102,10 +104,101 @@ def where_text(row: ModelRow) -> str:
     return WHERE.get(row.status, row.status)
 
 
-def fit_text(fit: FitEstimate | None) -> str:
+BUNDLED_BADGE = "bundled · no download"
+# a badge in three lengths: the full words, for a medium-width table, for a narrow one
+BADGES: dict[Fit | str, tuple[str, str, str]] = {
+    Fit.VRAM: ("fits in VRAM", "fits in VRAM", "in VRAM"),
+    Fit.RAM: ("runs from RAM, slower", "runs from RAM", "from RAM"),
+    Fit.NONE: ("will not fit", "will not fit", "too big"),
+    Fit.UNKNOWN: ("fit unknown", "fit unknown", "unknown"),
+    "bundled": (BUNDLED_BADGE, "no download", "bundled"),
+}
+NO_DISK = ("; not enough disk", "; no disk", "; no disk")
+FIT_STYLES = {Fit.VRAM: "bold green", Fit.RAM: "yellow", Fit.NONE: "red", Fit.UNKNOWN: "dim"}
+
+
+def fit_text(fit: FitEstimate | None, *, bundled: bool = False, length: int = 0) -> str:
+    """The fit badge; `length` 0 full words, 1 medium, 2 narrow. The bundled model ships with
+    dgchat and is tiny: its badge says that rather than where it would run."""
+    if bundled and (fit is None or fit.fit is not Fit.NONE):
+        return BADGES["bundled"][length]
     if fit is None:
-        return "fit unknown"
-    return fit.badge + ("; not enough disk" if fit.disk_ok is False else "")
+        return BADGES[Fit.UNKNOWN][length]
+    return BADGES[fit.fit][length] + (NO_DISK[length] if fit.disk_ok is False else "")
+
+
+def row_badge(row: ModelRow, length: int = 0) -> str:
+    return fit_text(row.fit, bundled=is_bundled(row), length=length)
+
+
+def is_bundled(row: ModelRow) -> bool:
+    return row.entry is not None and row.entry.bundled
+
+
+def fit_title(title: str, width: int) -> str:
+    """`title` in at most `width` characters; a cut keeps a short tail after the last ", " (the
+    quantization: "DiffusionGemma 26B-…, Q4_K_M"), so rows that differ only there stay apart."""
+    if len(title) <= width:
+        return title
+    if width < 2:
+        return title[:width]
+    _head, sep, tail = title.rpartition(", ")
+    if sep and len(tail) + 2 <= width // 2:
+        suffix = sep + tail
+        return title[:width - len(suffix) - 1].rstrip() + "…" + suffix
+    return title[:width - 1].rstrip() + "…"
+
+
+# -- the table of models (wizard and Models screen) --------------------------------------------
+
+CELL_PADDING = 1  # DataTable's default, on each side of each column
+
+
+def fill_model_table(table: DataTable, rows: list[ModelRow], marks: list[str], width: int, *,
+                     visible_rows: int) -> None:
+    """(Re)build `table` for `width` columns of room: the mark, the title, size, where and the fit
+    badge. As room shrinks the badge words get shorter, then the Where column goes (the detail
+    below the table says it too), then the titles are cut (keeping the quantization).
+    `visible_rows`: the rows the table's height shows (beyond them a 1-column scrollbar appears)."""
+    sizes = [fmt_size(r.size, r.size_exact) for r in rows]
+    wheres = [where_text(r) for r in rows]
+    longest_title = max((len(r.title) for r in rows), default=5)
+    scrollbar = 1 if len(rows) > visible_rows else 0
+    room = width - scrollbar
+
+    def layout(length: int, with_where: bool) -> tuple[int, str]:
+        fit_label = "Fit for this machine" if length == 0 else "Fit"
+        badges = [len(row_badge(r, length)) for r in rows]
+        cols = [1, max([len("Size"), *map(len, sizes)]), max([len(fit_label), *badges])]
+        if with_where:
+            cols.append(max([len("Where"), *map(len, wheres)]))
+        used = sum(c + 2 * CELL_PADDING for c in cols) + 2 * CELL_PADDING
+        return room - used, fit_label
+
+    chosen = (2, False)
+    for length, with_where in ((0, True), (1, True), (1, False), (2, False)):
+        title_room, _ = layout(length, with_where)
+        if title_room >= longest_title or (length, with_where) == (2, False):
+            chosen = (length, with_where)
+            break
+    length, with_where = chosen
+    title_room, fit_label = layout(length, with_where)
+    title_width = max(8, min(longest_title, title_room))
+    table.clear(columns=True)
+    table.add_column(" ", key="mark")
+    table.add_column("Model", key="model", width=title_width)
+    table.add_column("Size", key="size")
+    if with_where:
+        table.add_column("Where", key="where")
+    table.add_column(fit_label, key="fit")
+    for i, row in enumerate(rows):
+        fit = row.fit
+        style = FIT_STYLES.get(fit.fit, "") if fit is not None and not is_bundled(row) else "dim"
+        cells: list[Any] = [marks[i], fit_title(row.title, title_width), sizes[i]]
+        if with_where:
+            cells.append(wheres[i])
+        cells.append(Text(row_badge(row, length), style=style))
+        table.add_row(*cells, key=str(i))
 
 
 def estimate_text(fit: FitEstimate) -> str:
@@ -119,9 +212,10 @@ def estimate_text(fit: FitEstimate) -> str:
             + (f"; {reason}" if reason else ""))
 
 
-def row_details(row: ModelRow, hw: Hardware | None = None) -> str:
-    """What a person needs to choose this row: what it is, where it comes from, will it fit."""
-    lines = [f"{row.title} — {fit_text(row.fit)}" + ("  ★ recommended" if row.recommended else "")]
+def row_details(row: ModelRow, hw: Hardware | None = None, *, resume_word: str = "Pull") -> str:
+    """What a person needs to choose this row: what it is, where it comes from, will it fit.
+    `resume_word`: what the screen calls getting the model (the Models screen's Pull)."""
+    lines = [f"{row.title} — {row_badge(row)}" + ("  ★ recommended" if row.recommended else "")]
     if row.description:
         lines.append(row.description)
     if row.fit is not None:
@@ -130,7 +224,7 @@ def row_details(row: ModelRow, hw: Hardware | None = None) -> str:
         lines.append(f"On this machine: {short_path(row.path)}")
     elif row.status == "in HF cache":
         lines.append("Found in your Hugging Face cache: used from there, no download"
-                     + (" (converted once)" if row.needs_convert else "") + ".")
+                     + (" (converted once)" if row.needs_convert else "") + f"; {resume_word} adds it.")
     elif row.status in ("available", "partial") and row.entry is not None:
         disk = row.fit.disk_need if row.fit is not None else row.size
         free = f" ({format_bytes(hw.disk_free)} free)" if hw is not None and hw.disk_free is not None else ""
@@ -141,9 +235,32 @@ def row_details(row: ModelRow, hw: Hardware | None = None) -> str:
         if row.partial is not None:
             lines.append(f"A paused download holds {format_bytes(row.partial.done)}"
                          + (f" of {format_bytes(row.partial.total)}" if row.partial.total else "")
-                         + "; it continues from there.")
+                         + f"; {resume_word} continues it from there.")
     lines.extend(row.notes)
     return "\n".join(lines)
+
+
+def downloads(row: ModelRow) -> bool:
+    """Whether getting this row goes online (a catalog file that is not on this machine yet)."""
+    return row.entry is not None and not row.entry.bundled and row.status in ("available", "partial", "missing")
+
+
+def download_question(row: ModelRow, hw: Hardware | None, models_dir: Path) -> str:
+    """The question before a download: the model, how much comes over the network, and the disk."""
+    assert row.entry is not None
+    partial = row.partial
+    if partial is not None and partial.total:
+        left = max(partial.total - partial.done, 0)
+        amount = (f"{format_bytes(left)} still to download (a paused download holds "
+                  f"{format_bytes(partial.done)} of {format_bytes(partial.total)})")
+    else:
+        amount = f"{fmt_size(row.size, row.size_exact)} to download"
+    need = row.fit.disk_need if row.fit is not None else row.size * (2 if row.needs_convert else 1)
+    free = (f"{format_bytes(hw.disk_free)} free" if hw is not None and hw.disk_free is not None
+            else "free space unknown")
+    convert = " (the download and its converted copy)" if row.needs_convert else ""
+    return (f"{row.title}: {amount} from the Hugging Face hub ({row.entry.repo}).\n"
+            f"Disk: needs {format_bytes(need)}{convert} in {short_path(models_dir)}; {free} there.")
 
 
 PHASES = {
@@ -200,6 +317,7 @@ class Problem:
     message: str
     retry: str | None  # label of the button that tries again, or None
     token: bool = False  # a Hugging Face token would help
+    offline: bool = False  # the hub could not be reached at all: offer what needs no network
 
 
 def describe_problem(exc: BaseException) -> Problem:
@@ -213,6 +331,12 @@ def describe_problem(exc: BaseException) -> Problem:
         return Problem("Not enough disk space", msg, "Retry")
     if isinstance(exc, DownloadCancelled):
         return Problem("Paused", str(exc), "Resume")
+    if isinstance(exc, NoNetworkError):
+        kept = f"; the {format_bytes(exc.bytes_done)} downloaded so far are kept" if exc.resumable else ""
+        return Problem("No network connection",
+                       f"dgchat could not reach the model hub: {exc.reason}{kept}. Check this machine's network "
+                       "connection and retry, or use the bundled model, which needs no download.",
+                       "Retry", offline=True)
     if isinstance(exc, VerificationError):
         return Problem("The download did not verify", str(exc), "Download again")
     if isinstance(exc, NotFoundOnHubError):
@@ -354,15 +478,16 @@ class TransferPanel(Vertical):
     def stopping(self) -> None:
         self._set("tp--phase", "Stopping…")
 
-    def paused(self, exc: DownloadCancelled) -> None:
+    def paused(self, exc: DownloadCancelled, resume_word: str = "Resume") -> None:
+        """`resume_word`: the button that continues it on this screen."""
         self.active = False
         self._set("tp--phase", "Paused")
         self._set("tp--message", "")
         if exc.bytes_total:
             self._bar(exc.bytes_done, exc.bytes_total)
             self._set("tp--status", f"Paused at {format_bytes(exc.bytes_done)} of {format_bytes(exc.bytes_total)}. "
-                                    "The partial file is kept: Resume continues from there, also after quitting "
-                                    "dgchat.")
+                                    f"The partial file is kept: {resume_word} continues from there, also after "
+                                    "quitting dgchat.")
         else:
             self._set("tp--status", str(exc))
 

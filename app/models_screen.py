@@ -3,11 +3,16 @@ and `dgchat models`, from inside the app.
 
 Every catalog model with its fit badge for this machine, the installed and imported ones, and the
 runnable GGUFs in the Hugging Face cache. On the selected row: **Use** makes it the default model
-(written to the config) and loads it, downloading or adding it first when needed; **Pull**
-downloads (Cancel pauses, Pull again resumes); **Verify** re-hashes an installed file; **Remove**
-forgets a model and deletes the file when dgchat owns it (never a file in the HF cache or an
-imported original); **Import…** adds a GGUF from disk (a DiffusionGemma file in the upstream layout
-is converted). Only Pull, and Use on a model that is not here yet, go online.
+(written to the config) and loads it, getting it first when needed; **Pull** gets it: downloads a
+catalog model (Cancel pauses, Pull again resumes) or adds one found in the Hugging Face cache;
+**Verify** re-hashes an installed file; **Remove** forgets a model and deletes the file when dgchat
+owns it (never a file in the HF cache or an imported original); **Import…** adds a GGUF from disk
+(a DiffusionGemma file in the upstream layout is converted). Only Pull, and Use on a model that is
+not here yet, go online, and only after a question naming the model, its size and the free disk.
+
+Keys and buttons are there only where they apply to the selected row (the bundled model has
+nothing to pull, verify or remove); a key pressed anyway says why it does not apply. The table
+fits its width: shorter badge words, then no Where column, then cut titles.
 """
 
 from __future__ import annotations
@@ -22,27 +27,43 @@ from dgchat.app.model_ops import (
     HubTask,
     TransferPanel,
     describe_problem,
+    is_bundled,
     short_path,
     start_hub_task,
 )
+from dgchat.app.model_source import ServerSource
 from dgchat.app.prompt_modal import PromptModal
 from dgchat.hub import DownloadCancelled, Hardware, TokenRequiredError
-from dgchat.hub.fit import Fit
 from dgchat.hub.manager import ModelRow, PullResult
 from dgchat.hub.registry import InstalledModel
 from dgchat.hub.util import format_bytes
 from dgchat.model_backend.errors import DgchatError
-from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Header, Static
 
-FIT_STYLES = {Fit.VRAM: "bold green", Fit.RAM: "yellow", Fit.NONE: "red", Fit.UNKNOWN: "dim"}
+NARROW = 70  # columns below which the screen uses its short forms
+SHORT = 24  # rows below which the buttons lose their borders
+TABLE_ROWS = 14  # model rows the table shows before it scrolls (its max-height less the header)
+
+# action -> its button
+ACTION_BUTTONS = {"use": "m-use", "pull": "m-pull", "cancel": "m-cancel", "verify": "m-verify",
+                  "remove": "m-remove", "import_model": "m-import"}
 
 
-def hardware_line(hw: Hardware) -> str:
+def hardware_line(hw: Hardware, *, short: bool = False) -> str:
+    if short:
+        parts = [f"{hw.cpu_cores} cores" if hw.cpu_cores is not None else "cores ?",
+                 f"{format_bytes(hw.ram_total)} RAM" if hw.ram_total is not None else "RAM ?",
+                 f"{format_bytes(hw.disk_free)} free disk" if hw.disk_free is not None else "free disk ?"]
+        if hw.gpu_offload and hw.vram_total is not None:
+            parts.append(f"{format_bytes(hw.vram_total)} {'unified' if hw.unified_memory else 'VRAM'}")
+        elif not hw.gpu_offload:
+            parts.append("CPU only")
+        return " · ".join(parts) + (" (corrected)" if hw.overridden else "")
     gpu = "GPU offload" if hw.gpu_offload else "CPU only (no GPU offload in this build)"
     vram = ""
     if hw.vram_total is not None:
@@ -75,6 +96,19 @@ def import_check(text: str) -> str | None:
 
 
 class ModelsScreen(Screen[Path | None]):
+    DEFAULT_CSS = """
+    #models-main { height: 1fr; padding: 0 1; }
+    #models-hw { color: $text-muted; margin-bottom: 1; }
+    #models-table { height: auto; max-height: 15; margin-bottom: 1; scrollbar-size-vertical: 1; }  /* TABLE_ROWS + header */
+    #models-detail-scroll { height: 1fr; min-height: 3; }
+    #models-panel { margin-bottom: 1; }
+    #models-buttons { height: auto; }
+    #models-buttons Button { margin-right: 1; min-width: 8; width: auto; }
+    ModelsScreen.-short #models-hw, ModelsScreen.-short #models-table, ModelsScreen.-short #models-panel {
+        margin-bottom: 0;
+    }
+    """
+
     BINDINGS = [
         Binding("escape", "close", "Close", id="models.close"),
         Binding("u", "use", "Use", id="models.use"),
@@ -93,6 +127,7 @@ class ModelsScreen(Screen[Path | None]):
         self.hub_task: HubTask | None = None
         self.task_row: ModelRow | None = None
         self._then_use = False
+        self._table_width = 0  # the width the table was laid out for
 
     def compose(self) -> ComposeResult:
         yield Header(icon="≡")
@@ -113,8 +148,8 @@ class ModelsScreen(Screen[Path | None]):
 
     def on_mount(self) -> None:
         self.sub_title = "Models"
-        self.query_one("#models-table", DataTable).add_columns(" ", "Model", "Size", "Where", "Fit for this machine")
         self.query_one(TransferPanel).display = False
+        self._fit_to_size()
         try:
             self.mgr = model_ops.make_manager()
         except DgchatError as exc:
@@ -126,9 +161,29 @@ class ModelsScreen(Screen[Path | None]):
                        progress=lambda p: None, done=self._detected, failed=self._detect_failed)
         self._buttons()
 
+    def on_resize(self, event: events.Resize) -> None:
+        self._fit_to_size()
+        if self.rows and self._table_width != self._room():
+            self.refresh_rows()
+
+    def _fit_to_size(self) -> None:
+        """Short forms on a small terminal: borderless buttons when rows are few, a one-line
+        description of the machine when columns are few."""
+        width, height = self.app.size
+        short = height < SHORT
+        self.set_class(short, "-short")
+        for button in self.query("#models-buttons Button").results(Button):
+            button.compact = short
+        if self.hw is not None:
+            self.query_one("#models-hw", Static).update(hardware_line(self.hw, short=width < NARROW))
+
+    def _room(self) -> int:
+        """Columns the table has: the screen less #models-main's padding."""
+        return max(20, self.app.size.width - 2)
+
     def _detected(self, hw: Hardware) -> None:
         self.hw = hw
-        self.query_one("#models-hw", Static).update(hardware_line(hw))
+        self._fit_to_size()
         self.refresh_rows()
         self.query_one("#models-table", DataTable).focus()
 
@@ -150,19 +205,16 @@ class ModelsScreen(Screen[Path | None]):
             self._message(f"The model list could not be read: {exc}", error=True)
             return
         self.rows = rows
-        table.clear()
         in_use = _resolved(self._in_use())
+        marks = []
         selected = 0
         for i, row in enumerate(rows):
             using = row.path is not None and in_use is not None and _resolved(row.path) == in_use
-            mark = "●" if using else ("★" if row.recommended else "")
-            fit = row.fit
-            badge = Text(model_ops.fit_text(fit), style=FIT_STYLES.get(fit.fit, "") if fit else "dim")
-            title = row.title if len(row.title) <= 46 else row.title[:45] + "…"
-            table.add_row(mark, title, model_ops.fmt_size(row.size, row.size_exact), model_ops.where_text(row),
-                          badge, key=str(i))
+            marks.append("●" if using else ("★" if row.recommended else ""))
             if (keep is not None and row.name == keep) or (keep is None and using):
                 selected = i
+        self._table_width = self._room()
+        model_ops.fill_model_table(table, rows, marks, self._table_width, visible_rows=TABLE_ROWS)
         if rows:
             table.move_cursor(row=selected, animate=False)
         self._show_detail()
@@ -194,39 +246,111 @@ class ModelsScreen(Screen[Path | None]):
                           + cli)
         self._buttons()
 
-    def _buttons(self) -> None:
+    # -- what applies to the selected row ---------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return self.hub_task is not None and self.hub_task.running
+
+    def _can_get(self, row: ModelRow) -> bool:
+        """Pull applies: a catalog model not installed, or a model in the HF cache not added yet."""
+        if row.entry is not None:
+            return not row.entry.bundled and row.status != "installed"
+        return row.hf_cache is not None and row.status == "in HF cache"
+
+    def why_not(self, action: str) -> str | None:
+        """Why `action` does not apply to the selected row (None: it does). A running transfer is
+        not a reason here: it only greys the keys for a while (check_action)."""
+        if action == "cancel":
+            return None if self.busy else "Nothing is being downloaded or checked right now."
+        if action == "import_model":
+            return None if self.mgr is not None else "The model catalog could not be read, so nothing can be added."
         row = self.selected
-        busy = self.hub_task is not None and self.hub_task.running
-        can_pull = row is not None and (
-            (row.entry is not None and not row.entry.bundled and row.status != "installed")
-            or (row.entry is None and row.hf_cache is not None and row.status == "in HF cache"))
-        pull = self.query_one("#m-pull", Button)
-        pull.label = ("Resume" if row is not None and row.status == "partial" else
-                      "Add" if row is not None and row.entry is None else "Pull")
-        pull.disabled = busy or not can_pull
-        self.query_one("#m-use", Button).disabled = busy or row is None or not (
-            (row.path is not None and row.status in ("installed", "bundled")) or can_pull)
-        self.query_one("#m-verify", Button).disabled = busy or row is None or row.installed is None or \
-            row.status != "installed"
-        self.query_one("#m-remove", Button).disabled = busy or row is None or row.status == "bundled" or not (
-            row.installed is not None or row.partial is not None)
-        self.query_one("#m-import", Button).disabled = busy or self.mgr is None
-        self.query_one("#m-cancel", Button).display = busy
-        self.refresh_bindings()
+        if row is None:
+            return "No model is selected."
+        title = row.title
+        bundled = is_bundled(row)
+        if action == "use":
+            if (row.path is not None and row.status in ("installed", "bundled")) or self._can_get(row):
+                return None
+            return f"{title}: its file is gone; remove it, then import or pull it again."
+        if action == "pull":
+            if self._can_get(row):
+                return None
+            if bundled:
+                return f"{title} ships with dgchat: there is nothing to pull."
+            if row.status == "installed":
+                return f"{title} is installed already; Use (u) switches to it."
+            return f"{title}: its file is gone; remove it, then import it again."
+        if action == "verify":
+            if row.installed is not None and row.status == "installed":
+                return None
+            if bundled:
+                return f"{title} ships with dgchat: there is no download to verify."
+            if row.status == "in HF cache":
+                return f"{title} is in the Hugging Face cache, not added yet: Pull (p) adds and verifies it."
+            if row.status == "missing":
+                return f"{title}: its file is gone, so there is nothing to verify."
+            return f"{title} is not on this machine: Pull (p) downloads and verifies it."
+        if action == "remove":
+            if bundled:
+                return f"{title} ships with dgchat and cannot be removed."
+            if row.installed is not None or row.partial is not None:
+                return None
+            if row.status == "in HF cache":
+                return f"{title} is in the Hugging Face cache, which dgchat never deletes from."
+            return f"{title} is not on this machine: there is nothing to remove."
+        return None
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Keys follow the buttons: hidden while they do not apply (Cancel), greyed when disabled."""
-        buttons = {"use": "m-use", "pull": "m-pull", "cancel": "m-cancel", "verify": "m-verify",
-                   "remove": "m-remove", "import_model": "m-import"}
-        if action not in buttons or not self.is_mounted:
+        """Keys follow the buttons: hidden where they do not apply to the selected row, greyed
+        while a transfer runs."""
+        if action not in ACTION_BUTTONS or not self.is_mounted:
             return True
         try:
-            button = self.query_one(f"#{buttons[action]}", Button)
+            if self.why_not(action) is not None:
+                return False
         except Exception:  # noqa: BLE001 - not composed yet
             return True
-        if not button.display:
+        if self.busy and action != "cancel":
+            return None
+        return True
+
+    def _buttons(self) -> None:
+        busy = self.busy
+        for action, button_id in ACTION_BUTTONS.items():
+            button = self.query_one(f"#{button_id}", Button)
+            button.display = self.why_not(action) is None
+            button.disabled = busy and action != "cancel"
+        self.refresh_bindings()
+
+    def _allowed(self, action: str) -> bool:
+        """Whether `action` may run now; if not, the user is told why."""
+        why = self.why_not(action)
+        if why is None and self.busy and action != "cancel":
+            task = self.task_row.title if self.task_row is not None else "the transfer"
+            why = f"Wait for {task} to finish, or Cancel it (c)."
+        if why is not None:
+            self.app.notify(why, title="Does not apply", timeout=6)
             return False
-        return None if button.disabled else True
+        return True
+
+    def on_key(self, event: events.Key) -> None:
+        """A key whose action is hidden or greyed does not reach the action (Textual skips it):
+        say why instead of doing nothing."""
+        action = self._action_for_key(event.key)
+        if action in ACTION_BUTTONS and self.check_action(action, ()) is not True:
+            event.stop()
+            event.prevent_default()
+            self._allowed(action)
+
+    def _action_for_key(self, key: str) -> str | None:
+        bindings = self._bindings.copy()
+        keymap = getattr(self.app, "_keymap", None)  # the user's [keys] remapping
+        if keymap:
+            bindings.apply_keymap(keymap)
+        for binding in bindings.key_to_bindings.get(key, ()):
+            return binding.action
+        return None
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
@@ -235,10 +359,6 @@ class ModelsScreen(Screen[Path | None]):
         action = actions.get(event.button.id or "")
         if action is not None:
             action()
-
-    def _allowed(self, button_id: str) -> bool:
-        button = self.query_one(f"#{button_id}", Button)
-        return button.display and not button.disabled
 
     def _message(self, text: str, *, error: bool = False) -> None:
         panel = self.query_one(TransferPanel)
@@ -261,9 +381,25 @@ class ModelsScreen(Screen[Path | None]):
             self.query_one(TransferPanel).stopping()
 
     def action_pull(self, then_use: bool = False) -> None:
+        """Get the selected model; a download is asked about first (what, how big, the disk)."""
         row = self.selected
-        if row is None or not self._allowed("m-pull"):
+        if row is None or not self._allowed("pull"):
             return
+        if not model_ops.downloads(row):
+            self._start_pull(row, then_use)
+            return
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self._start_pull(row, then_use)
+
+        title = "Download and use this model?" if then_use else "Download this model?"
+        self.app.push_screen(
+            ConfirmModal(title, model_ops.download_question(row, self.hw, self.mgr.models_dir),
+                         confirm_label="Download", confirm_variant="primary"),
+            answer)
+
+    def _start_pull(self, row: ModelRow, then_use: bool) -> None:
         mgr = self.mgr
         self._then_use = then_use
         if row.entry is not None:
@@ -308,21 +444,22 @@ class ModelsScreen(Screen[Path | None]):
         panel = self.query_one(TransferPanel)
         problem = describe_problem(exc)
         if isinstance(exc, DownloadCancelled):
-            panel.paused(exc)
+            panel.paused(exc, resume_word="Pull")
         else:
             panel.failed(problem)
         then_use, self._then_use = self._then_use, False
+        row = self.task_row
         self.refresh_rows()
-        if isinstance(exc, TokenRequiredError):
+        if isinstance(exc, TokenRequiredError) and row is not None:
             def after(stored: bool | None) -> None:
-                if stored:
-                    self.action_pull(then_use=then_use)
+                if stored:  # the download was agreed to already
+                    self._start_pull(row, then_use)
 
             self.app.push_screen(model_ops.TokenModal(exc.repo, str(exc), exc.had_token), after)
 
     def action_use(self) -> None:
         row = self.selected
-        if row is None or not self._allowed("m-use"):
+        if row is None or not self._allowed("use"):
             return
         if row.path is not None and row.status in ("installed", "bundled"):
             self.switch_to(row.path, row.title)
@@ -345,7 +482,7 @@ class ModelsScreen(Screen[Path | None]):
 
     def action_verify(self) -> None:
         row = self.selected
-        if row is None or not self._allowed("m-verify"):
+        if row is None or not self._allowed("verify"):
             return
         mgr, name = self.mgr, row.installed.name  # type: ignore[union-attr]
 
@@ -363,7 +500,7 @@ class ModelsScreen(Screen[Path | None]):
 
     def action_remove(self) -> None:
         row = self.selected
-        if row is None or not self._allowed("m-remove"):
+        if row is None or not self._allowed("remove"):
             return
         in_use = _resolved(self._in_use())
         loaded = _resolved(self.app.session.path)
@@ -401,7 +538,7 @@ class ModelsScreen(Screen[Path | None]):
                              answer)
 
     def action_import_model(self) -> None:
-        if not self._allowed("m-import"):
+        if not self._allowed("import_model"):
             return
 
         def chosen(text: str | None) -> None:
@@ -435,9 +572,9 @@ class ModelsScreen(Screen[Path | None]):
             self.hub_task.close()
 
 
-def _resolved(path: Path | str | None) -> Path | None:
-    if path is None:
-        return None
+def _resolved(path: Path | str | ServerSource | None) -> Path | None:
+    if path is None or isinstance(path, ServerSource):
+        return None  # a server's model is no file of this list
     try:
         return Path(path).expanduser().resolve()
     except OSError:

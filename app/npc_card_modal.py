@@ -39,7 +39,16 @@ class CardModal(ModalScreen[CharacterCard | None]):
     CardModal #card-setting, CardModal #card-voice { height: 2; }
     CardModal #card-examples { height: 3; }
     CardModal .card--hint { color: $text-muted; }
+    CardModal #card-error.-empty { display: none; }
+    /* a short terminal: no gaps, and the fields scroll between the title and the buttons */
+    CardModal.-short #card-dialog { padding: 0 2; }
+    CardModal.-short .dialog--title { margin-bottom: 0; }
+    CardModal.-short .card--row { margin-bottom: 0; }
+    CardModal.-short #card-fields { height: 1fr; }
+    CardModal.-short .dialog--buttons { margin-top: 0; }
     """
+    # the whole form (30 rows) fits in a dialog of 90% from 34 rows; below that it gets `-short`
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (34, "-roomy")]
 
     def __init__(self, card: CharacterCard | None, others: Sequence[CharacterCard]) -> None:
         super().__init__(classes="dialog-screen")
@@ -70,7 +79,7 @@ class CardModal(ModalScreen[CharacterCard | None]):
                                                            placeholder="okay, dude", id="card-banned", compact=True))
             yield Static("One example line per line; banned words separated by commas. Ctrl+S saves.",
                          classes="card--hint")
-            yield Label("", id="card-error", classes="dialog--error", markup=False)
+            yield Label("", id="card-error", classes="dialog--error -empty", markup=False)
             with Horizontal(classes="dialog--buttons"):
                 yield Button("Save", variant="primary", id="save")
                 yield Button("Cancel", id="cancel")
@@ -110,7 +119,9 @@ class CardModal(ModalScreen[CharacterCard | None]):
         }
 
     def show_error(self, message: str) -> None:
-        self.query_one("#card-error", Label).update(message)
+        label = self.query_one("#card-error", Label)
+        label.update(message)
+        label.set_class(not message, "-empty")
 
     def action_save(self) -> None:
         try:

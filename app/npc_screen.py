@@ -12,8 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from dgchat.app.breakpoints import WIDTH_BREAKPOINTS
 from dgchat.app.confirm_modal import ConfirmModal
 from dgchat.app.error_modal import ErrorModal
+from dgchat.app.model_source import is_remote_engine
 from dgchat.app.npc_card_modal import CardModal
 from dgchat.app.npc_cards import CardShelf, load_shelf, remove_card
 from dgchat.app.paths import short_path
@@ -39,7 +41,13 @@ from dgchat.npc.paths import data_dir
 from dgchat.npc.templates import parse_template
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
+from textual.containers import (
+    Grid,
+    Horizontal,
+    HorizontalGroup,
+    Vertical,
+    VerticalScroll,
+)
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
 PHASES = {"length": "trying hole lengths", "score": "scoring lengths", "generate": "denoising",
@@ -62,15 +70,23 @@ class NpcScreen(ToolScreen):
         Binding("escape", "stop", "Stop", id="npc.stop"),
         Binding("escape", "back", "Back", id="npc.back"),
         Binding("ctrl+g", "generate", "Generate", id="npc.generate"),
-        Binding("ctrl+n", "new_card", "New card", id="npc.new_card"),
-        Binding("ctrl+o", "edit_card", "Edit card", id="npc.edit_card"),
+        # not in the footer (the character list's hint and its own n / e keys say it; F1 lists them): the
+        # footer of a narrow terminal keeps room for Generate, Keep / Reject, Export and F1
+        Binding("ctrl+n", "new_card", "New card", show=False, id="npc.new_card"),
+        Binding("ctrl+o", "edit_card", "Edit card", show=False, id="npc.edit_card"),
         Binding("ctrl+s", "export", "Export", id="npc.export"),
+        Binding("ctrl+b", "toggle_cards", "Character list", show=False, id="npc.toggle_cards"),
     ]
+    # -narrow / -medium / -wide by terminal width (app/breakpoints.py): the character list hides on
+    # narrow terminals, the form's paired rows stack below WIDE_FROM columns
+    HORIZONTAL_BREAKPOINTS = WIDTH_BREAKPOINTS
     # CSS, not DEFAULT_CSS: it must win over the app stylesheet (e.g. its LiveCanvas rule); Screen CSS is
     # app-wide, hence every rule names the screen
     CSS = """
     NpcScreen #npc-main { height: 1fr; }
     NpcScreen #npc-side { width: 30; border-right: solid $panel; background: $surface; }
+    NpcScreen.-medium #npc-side { width: 24; }
+    NpcScreen.-narrow #npc-side { display: none; }
     NpcScreen .npc--title { padding: 0 1; text-style: bold; color: $text-muted; }
     NpcScreen #npc-cards { height: 1fr; border: none; background: $surface; }
     NpcScreen #npc-cards:focus { background-tint: $foreground 4%; }
@@ -81,11 +97,21 @@ class NpcScreen(ToolScreen):
     NpcScreen .npc--row { height: auto; }
     NpcScreen .npc--label { width: 10; color: $text-muted; }
     NpcScreen .npc--label-inline { width: auto; color: $text-muted; margin: 0 1; }
+    NpcScreen .npc--pair { height: auto; }
+    NpcScreen .npc--group { width: auto; }
+    NpcScreen .npc--group.-grow { width: 1fr; }
+    NpcScreen.-medium .npc--pair, NpcScreen.-narrow .npc--pair { layout: vertical; }
+    NpcScreen.-medium .npc--group, NpcScreen.-narrow .npc--group { width: 1fr; }
+    NpcScreen.-medium .npc--label-inline.-second, NpcScreen.-narrow .npc--label-inline.-second {
+        width: 10; margin: 0; }
     NpcScreen #npc-context { width: 20; }
+    NpcScreen.-medium #npc-context, NpcScreen.-narrow #npc-context { width: 1fr; }
     NpcScreen #npc-situation { width: 1fr; }
     NpcScreen #npc-template { width: 1fr; }
     NpcScreen #npc-vars-grid { grid-size: 6; grid-columns: auto 1fr auto 1fr auto 1fr; grid-rows: 1;
                                grid-gutter: 0 1; height: auto; width: 1fr; }
+    NpcScreen.-medium #npc-vars-grid, NpcScreen.-narrow #npc-vars-grid { grid-size: 4;
+                                                                         grid-columns: auto 1fr auto 1fr; }
     NpcScreen .npc--var-label { width: auto; color: $secondary; }
     NpcScreen #npc-vars-none { width: 1fr; color: $text-muted; }
     NpcScreen #npc-length { width: 16; }
@@ -138,43 +164,47 @@ class NpcScreen(ToolScreen):
                 yield Static("", classes="npc--hint", id="npc-cards-hint", markup=False)
             with Vertical(id="npc-pane"):
                 with Vertical(id="npc-spec"):
-                    with Horizontal(classes="npc--row"):
-                        yield Label("Context", classes="npc--label")
-                        yield Input(placeholder="gate_night", id="npc-context", compact=True)
-                        yield Label("Situation", classes="npc--label-inline")
-                        yield Input(placeholder="The player walks up to the closed gate after dark.",
-                                    id="npc-situation", compact=True)
+                    # a "pair" is one row on a wide screen and two stacked rows below WIDE_FROM columns
+                    with Horizontal(classes="npc--row npc--pair"):
+                        with HorizontalGroup(classes="npc--group"):
+                            yield Label("Context", classes="npc--label")
+                            yield Input(placeholder="gate_night", id="npc-context", compact=True)
+                        with HorizontalGroup(classes="npc--group -grow"):
+                            yield Label("Situation", classes="npc--label-inline -second")
+                            yield Input(placeholder="The player walks up to the closed gate after dark.",
+                                        id="npc-situation", compact=True)
                     with Horizontal(classes="npc--row"):
                         yield Label("Template", classes="npc--label")
                         yield Input(placeholder="empty: a free line · Halt, {player}! None may pass the {___} after dark.",
                                     id="npc-template", compact=True)
                     with Horizontal(classes="npc--row"):
                         yield Label("Variables", classes="npc--label")
-                        yield Static("none — a {name} in the template asks for one", id="npc-vars-none",
-                                     markup=False)
+                        yield Static("none — {name} in the template adds one", id="npc-vars-none", markup=False)
                         yield Grid(id="npc-vars-grid")
-                    with Horizontal(classes="npc--row"):
-                        yield Label("Length", classes="npc--label")
-                        yield Select([(f"{name} ≤{n}", name) for name, n in LENGTH_PRESETS.items()],
-                                     value="short", allow_blank=False, id="npc-length", compact=True)
-                        yield Label("Variants", classes="npc--label-inline")
-                        yield Input("4", type="integer", id="npc-count", compact=True)
-                        yield Label("Seed", classes="npc--label-inline")
-                        yield Input("0", type="integer", id="npc-seed", compact=True)
-                        yield Label("Temp", classes="npc--label-inline")
-                        yield Input("", placeholder="0.8", type="number", id="npc-temperature", compact=True)
-                        yield Button("Generate", id="npc-generate", compact=True, variant="primary")
+                    with Horizontal(classes="npc--row npc--pair", id="npc-run-row"):
+                        with HorizontalGroup(classes="npc--group"):
+                            yield Label("Length", classes="npc--label")
+                            yield Select([(f"{name} ≤{n}", name) for name, n in LENGTH_PRESETS.items()],
+                                         value="short", allow_blank=False, id="npc-length", compact=True)
+                            yield Label("Variants", classes="npc--label-inline")
+                            yield Input("4", type="integer", id="npc-count", compact=True)
+                        with HorizontalGroup(classes="npc--group"):
+                            yield Label("Seed", classes="npc--label-inline -second")
+                            yield Input("0", type="integer", id="npc-seed", compact=True)
+                            yield Label("Temp", classes="npc--label-inline")
+                            yield Input("", placeholder="0.8", type="number", id="npc-temperature", compact=True)
+                            yield Button("Generate", id="npc-generate", compact=True, variant="primary")
                     yield Label("", id="npc-spec-error", markup=False, classes="-empty")
                 with VerticalScroll(id="npc-results"):
-                    yield Static("Pick a character, write a line (or leave the template empty for a free line) "
-                                 "and press Ctrl+G. Each variant denoises live; k keeps it, x rejects it; Ctrl+S "
-                                 "exports the kept lines as JSON or CSV.", classes="npc--empty", id="npc-empty",
-                                 markup=False)
+                    yield Static("Pick a character (Ctrl+B shows or hides the list), write a line (or leave the "
+                                 "template empty for a free line) and press Ctrl+G. Each variant denoises live; "
+                                 "k keeps it, x rejects it; Ctrl+S exports the kept lines as JSON or CSV.",
+                                 classes="npc--empty", id="npc-empty", markup=False)
                 yield StatusBar(id="npc-status")
         yield Footer()
 
     def on_mount(self) -> None:
-        super().on_mount()
+        # ToolScreen.on_mount runs too: Textual calls each class's handler along the MRO
         self.query_one("#npc-vars-grid").display = False
         self.reload_cards()
         self.update_status()
@@ -239,6 +269,28 @@ class NpcScreen(ToolScreen):
 
         where = self._short(card.source) if card.source else "its file"
         self.app.push_screen(ConfirmModal(f"Delete {card.name}?", f"The card is removed from {where}."), done)
+
+    def action_toggle_cards(self) -> None:
+        """Show or hide the character list. An explicit choice: it then holds at any width (an inline
+        style wins over the `-narrow` rule that hides the list on narrow terminals)."""
+        side = self.query_one("#npc-side")
+        side.display = not side.display
+        if side.display:
+            self.query_one(CardList).focus()
+        else:
+            self._focus_off_hidden_list()
+
+    def _focus_off_hidden_list(self) -> None:
+        """Keys go to the form when the character list is hidden while it had the focus."""
+        focused = self.focused
+        side = self.query_one("#npc-side")
+        if not side.display and (focused is None or side in focused.ancestors):
+            self.query_one("#npc-template", Input).focus()
+
+    def on_resize(self) -> None:
+        # Screen._on_resize has set the width class by now (also when this screen comes back after a
+        # resize under another one); the list may have just been hidden
+        self.call_after_refresh(self._focus_off_hidden_list)
 
     def on_option_list_option_highlighted(self, event: CardList.OptionHighlighted) -> None:
         card = self.current_card
@@ -362,6 +414,10 @@ class NpcScreen(ToolScreen):
         engine = self.engine_for_job()
         if engine is None:
             return
+        if is_remote_engine(engine) and not getattr(engine, "is_dgchat", False):
+            self.spec_error(f"NPC lines are not available on {getattr(engine, 'url', 'this server')}: they need a "
+                            "dgchat serve server (its /v1/infill); vLLM and other servers answer the chat only")
+            return
         results = self.query_one("#npc-results", VerticalScroll)
         for hint in self.query("#npc-empty"):
             hint.remove()
@@ -371,6 +427,14 @@ class NpcScreen(ToolScreen):
         results.scroll_end(animate=False)
 
         def run(job: EngineJob) -> LineBatch:
+            if is_remote_engine(engine):
+                # the server runs the same generator on the spec (remote/npc_lines.py); no canvases
+                # cross the wire for lines, so the batch shows when the server's answer is complete
+                from dgchat.remote.npc_lines import batch_from_infill, infill_body
+
+                job.record(-1, None, phase="on the server", progress=(0, spec.count))
+                answer = engine.infill(infill_body(spec, max_attempts=4))  # type: ignore[attr-defined]
+                return batch_from_infill(spec, answer, engine.url)  # type: ignore[attr-defined]
             cached = self._generator
             if cached is None or cached[0] is not engine:
                 cached = self._generator = (engine, NpcGenerator(engine))

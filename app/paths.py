@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dgchat.app.model_source import ServerSource
 from dgchat.paths import APP_NAME, atomic_write_text, config_dir, data_dir  # noqa: F401 - re-exported
 
 
@@ -24,8 +25,10 @@ def clipboard_fallback_path() -> Path:
     return data_dir() / "clipboard.txt"
 
 
-def short_path(path: Path | str) -> str:
-    """A path as users think of it: under the home folder as ~/…"""
+def short_path(path: Path | str | ServerSource) -> str:
+    """A path as users think of it: under the home folder as ~/… (a server: its URL)"""
+    if isinstance(path, ServerSource):
+        return path.url
     path = Path(path)
     try:
         return "~/" + str(path.relative_to(Path.home()))
@@ -33,6 +36,8 @@ def short_path(path: Path | str) -> str:
         return str(path)
 
 
-def display_name(path: Path | str | None) -> str:
-    """A model as the status lines name it: its file name."""
+def display_name(path: Path | str | ServerSource | None) -> str:
+    """A model as the status lines name it: its file name (a server: "server host:port")."""
+    if isinstance(path, ServerSource):
+        return f"server {path.host}"
     return Path(path).name if path else "no model"

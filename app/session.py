@@ -26,10 +26,11 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dgchat.app import model_source
 from dgchat.app.engine_protocol import Engine
+from dgchat.app.model_source import ModelSource, ServerSource, as_source
 from dgchat.app.paths import display_name
 from dgchat.model_backend.errors import GenerationCancelled, error_text
 from dgchat.model_backend.events import StepEvent
@@ -43,9 +44,16 @@ if TYPE_CHECKING:
 __all__ = ["Engine", "EngineJob", "JobDone", "ModelChange", "ModelSession", "SessionCall", "load_engine"]
 
 
-def load_engine(path: Path, *, n_gpu_layers: int | None, n_threads: int | None,
+def load_engine(path: ModelSource, *, n_gpu_layers: int | None, n_threads: int | None,
                 progress: Callable[[float], bool]) -> Engine:
-    """Load a model file (tests replace this to wrap the engine)."""
+    """Load a model file, or connect to a server's model (tests replace this to wrap the engine)."""
+    if isinstance(path, ServerSource):
+        from dgchat.remote.engine import RemoteEngine
+
+        # the server's /v1/models answers here: a dead server or a wrong key fails the "load"
+        engine = RemoteEngine.connect(path.url, api_key=path.api_key, retries=model_source.SERVER_RETRIES)
+        progress(1.0)
+        return engine
     from dgchat.model_backend.engine import DiffusionEngine
 
     return DiffusionEngine.load(path, n_gpu_layers=n_gpu_layers, n_threads=n_threads, progress=progress)
@@ -149,25 +157,26 @@ class ModelChange:
     """What changed: "loading" (also progress), "loaded", "failed", "busy", "idle", "default"."""
 
     kind: str
-    path: Path | None = None
+    path: ModelSource | None = None
     error: str = ""
 
 
 # -- the session ---------------------------------------------------------------------------------
 
 class ModelSession:
-    def __init__(self, app: App, config: Config, default_path: Path | None) -> None:
+    def __init__(self, app: App, config: Config, default_path: ModelSource | None) -> None:
         self.app = app
         self.config = config
-        self.default_path = Path(default_path) if default_path else None
+        # a file, or a server (app/model_source.py): the "paths" below are sources of either kind
+        self.default_path: ModelSource | None = as_source(default_path) if default_path else None
         self.engine: Engine | None = None
-        self.path: Path | None = None  # the loaded engine's file
-        self.loading_path: Path | None = None
+        self.path: ModelSource | None = None  # the loaded engine's file (or server)
+        self.loading_path: ModelSource | None = None
         self.load_fraction = 0.0
-        self.load_errors: dict[Path, str] = {}  # last failure per model path, for the status lines
+        self.load_errors: dict[ModelSource, str] = {}  # last failure per model, for the status lines
         self.job: EngineJob | None = None
         self.closing = threading.Event()
-        self._pending_load: tuple[Path, bool] | None = None  # waits for the running job to stop
+        self._pending_load: tuple[ModelSource, bool] | None = None  # waits for the running job to stop
         self._watchers: weakref.WeakKeyDictionary[MessagePump, Callable[[ModelChange], None]] = (
             weakref.WeakKeyDictionary())
         self._switch_interval = sys.getswitchinterval()
@@ -177,16 +186,16 @@ class ModelSession:
         """Call `callback(change)` on the UI thread after every change, while `node` runs."""
         self._watchers[node] = callback
 
-    def _changed(self, kind: str, path: Path | None = None, error: str = "") -> None:
+    def _changed(self, kind: str, path: ModelSource | None = None, error: str = "") -> None:
         change = ModelChange(kind, path, error)
         for node, callback in list(self._watchers.items()):
             if node.is_running:
                 callback(change)
 
     # -- state ----------------------------------------------------------------------------------
-    def loaded(self, path: Path | None) -> Engine | None:
+    def loaded(self, path: ModelSource | None) -> Engine | None:
         """The engine when `path` is the loaded model, else None."""
-        if self.engine is not None and path is not None and self.path == Path(path):
+        if self.engine is not None and path is not None and self.path == as_source(path):
             return self.engine
         return None
 
@@ -200,7 +209,15 @@ class ModelSession:
             return ""
         return f"{job.owner[:1].upper()}{job.owner[1:]} is still generating: stop it (Esc there) or wait."
 
-    def status_text(self, wanted: Path | None, *, when: str = "it loads when you generate") -> str:
+    def model_name(self, source: ModelSource | None) -> str:
+        """A model as status lines and saved answers name it: its file name, or for a server the
+        served model's id once connected ("tiny-llada on 127.0.0.1:8765")."""
+        engine = self.loaded(source)
+        if isinstance(source, ServerSource) and engine is not None:
+            return f"{getattr(engine, 'model_id', '') or 'model'} on {source.host}"
+        return display_name(source)
+
+    def status_text(self, wanted: ModelSource | None, *, when: str = "it loads when you generate") -> str:
         """One line on `wanted` (a chat's model, or the default): loading, loaded, failed or idle."""
         if self.loading_path is not None:
             return f"Loading {display_name(self.loading_path)}… {100 * self.load_fraction:.0f}%"
@@ -208,17 +225,17 @@ class ModelSession:
             return "No model — start with dgchat --model PATH, or Ctrl+P → model: open…"
         engine = self.loaded(wanted)
         if engine is not None:
-            return f"{display_name(wanted)} · {engine.label}"
+            return f"{self.model_name(wanted)} · {engine.label}"
         if wanted in self.load_errors:
             return f"{display_name(wanted)} · failed to load: {self.load_errors[wanted]}"
         return f"{display_name(wanted)} · not loaded ({when})"
 
     # -- loading --------------------------------------------------------------------------------
-    def load(self, path: Path, *, force: bool = False, preempt: bool = False, report: bool = True) -> bool:
+    def load(self, path: ModelSource, *, force: bool = False, preempt: bool = False, report: bool = True) -> bool:
         """Start loading `path` unless it is loaded or loading. While a job runs the engine cannot
         change: with `preempt` the job is stopped and the load starts when it has ended, otherwise
         nothing happens and the user is told why (False). `report`: a failure opens a dialog."""
-        path = Path(path)
+        path = as_source(path)
         if not force and self.loaded(path) is not None:
             return True
         if self.loading_path == path:
@@ -238,12 +255,12 @@ class ModelSession:
         self._changed("loading", path)
         return True
 
-    def use_default(self, path: Path) -> None:
+    def use_default(self, path: ModelSource) -> None:
         """`path` becomes the model of chats without their own (the caller saved it in the config)."""
-        self.default_path = Path(path)
+        self.default_path = as_source(path)
         self._changed("default", self.default_path)
 
-    def _load_in_thread(self, path: Path, report: bool) -> None:
+    def _load_in_thread(self, path: ModelSource, report: bool) -> None:
         config, closing, app = self.config, self.closing, self.app
         last = [0.0, -1.0]
 
@@ -264,14 +281,14 @@ class ModelSession:
             if closing.is_set() or not app.post_message(SessionCall(self._loaded, path, engine)):
                 engine.close()
 
-        app.run_worker(work, thread=True, group="model-load", exit_on_error=False, name=f"load {path.name}")
+        app.run_worker(work, thread=True, group="model-load", exit_on_error=False, name=f"load {display_name(path)}")
 
-    def _progress(self, path: Path, fraction: float) -> None:
+    def _progress(self, path: ModelSource, fraction: float) -> None:
         if path == self.loading_path:
             self.load_fraction = fraction
             self._changed("loading", path)
 
-    def _loaded(self, path: Path, engine: Engine) -> None:
+    def _loaded(self, path: ModelSource, engine: Engine) -> None:
         if path != self.loading_path or self.closing.is_set():
             engine.close()  # superseded by a later request, or the app is going away
             return
@@ -282,7 +299,7 @@ class ModelSession:
             old.close()  # never busy here: loads do not start while a job runs
         self._changed("loaded", path)
 
-    def _failed(self, path: Path, message: str, report: bool) -> None:
+    def _failed(self, path: ModelSource, message: str, report: bool) -> None:
         if path != self.loading_path:
             return
         self.loading_path = None
@@ -291,11 +308,12 @@ class ModelSession:
             from dgchat.app.error_modal import ErrorModal
             from dgchat.app.paths import short_path
 
-            self.app.push_screen(ErrorModal("Model failed to load", f"{short_path(path)}\n\n{message}"))
+            title = "Server not available" if isinstance(path, ServerSource) else "Model failed to load"
+            self.app.push_screen(ErrorModal(title, f"{short_path(path)}\n\n{message}"))
         self._changed("failed", path, message)
 
     # -- lending --------------------------------------------------------------------------------
-    def engine_for(self, wanted: Path | None, *, notify: bool = True) -> Engine | None:
+    def engine_for(self, wanted: ModelSource | None, *, notify: bool = True) -> Engine | None:
         """The engine for a job on `wanted` when one may start now; otherwise None, a notice saying
         why, and `wanted` starts loading when it is not loaded."""
         def say(text: str, **kwargs: Any) -> None:

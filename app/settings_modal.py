@@ -4,17 +4,35 @@ Every field shows the value the chat runs with; "default: …" beside it is the 
 value (over the config file's [sampler] table). Saving stores only values that differ from the
 defaults, so a chat keeps following the model where the user did not choose otherwise. "Reset"
 puts every field back to its default.
+
+Fields are checked as they are typed: a field that is not a number, or that the engine's
+`resolve` refuses, says why in place of its "default: …" note, and Save refuses with the same
+message. The model is a path (typed, → completes) or chosen from the model picker (Choose…).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from dgchat.app.model_picker import ModelPicker
+from dgchat.app.paths import display_name
+from dgchat.app.widgets.path_suggester import PathSuggester
 from dgchat.model_backend.errors import DgchatError
-from dgchat.model_backend.params import ALGORITHMS, CACHE_MODES, DiffusionParams
+from dgchat.model_backend.params import (
+    ALGORITHMS,
+    CACHE_MODES,
+    MAX_GEN_LENGTH,
+    MAX_SCALE,
+    MAX_STEPS,
+    MAX_TOKENS,
+    DiffusionParams,
+)
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
@@ -32,6 +50,18 @@ FIELDS: dict[str, tuple[str, Any, str]] = {
     "cache": ("Cache mode", CACHE_MODES, "KV reuse across steps"),
     "max_tokens": ("Max tokens", int, "longest answer"),
     "seed": ("Seed", int, "random seed"),
+}
+
+# what a number field takes, for the message when the text is not a number at all (ranges and the
+# rules between fields are the engine's, from `resolve`)
+TAKES: dict[str, str] = {
+    "steps": f"a whole number, 1–{MAX_STEPS}",
+    "gen_length": f"a whole number, 1–{MAX_GEN_LENGTH}",
+    "block_length": f"a whole number, 1–{MAX_GEN_LENGTH} (blank: the default)",
+    "threshold": "a number above 0, at most 1 (blank: the default)",
+    "temperature": f"a number, 0–{MAX_SCALE:g} (0 = greedy)",
+    "max_tokens": f"a whole number, 1–{MAX_TOKENS}",
+    "seed": "a whole number, 0 or more",
 }
 
 
@@ -54,7 +84,78 @@ def _flags_to_names(message: str) -> str:
     return re.sub(r"--([a-z-]+)", lambda m: m.group(1).replace("-", "_"), message)
 
 
+def fields_named(message: str) -> list[str]:
+    """The fields a parameter message is about ("canvas length 64 is not divisible by block length
+    24" -> gen_length, block_length), so each can show it."""
+    lowered = message.lower()
+    named = []
+    for name, (label, _kind, _help) in FIELDS.items():
+        if any(re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", lowered) for word in (name, label.lower())):
+            named.append(name)
+    return named
+
+
+def parse_number(name: str, raw: str) -> int | float:
+    """The text of a number field as its value; raises ValueError."""
+    kind = FIELDS[name][1]
+    if kind is int:
+        return int(raw)
+    value = float(raw)
+    if not math.isfinite(value):
+        raise ValueError(raw)
+    return value
+
+
 class SettingsModal(ModalScreen[ChatSettings | None]):
+    DEFAULT_CSS = """
+    SettingsModal { align: center middle; }
+    SettingsModal #settings {
+        width: 92;
+        max-width: 100%;
+        height: 32;  /* everything without scrolling */
+        max-height: 90%;
+        padding: 1 2;
+        border: thick $primary 70%;
+        background: $surface;
+    }
+    SettingsModal.-narrow #settings { width: 100%; padding: 0 1; }
+    SettingsModal.-short #settings { height: 100%; max-height: 100%; padding: 0 1; }
+    SettingsModal .settings--title { text-style: bold; width: 100%; margin-bottom: 1; }
+    SettingsModal.-short .settings--title { margin-bottom: 0; }
+    SettingsModal #settings-scroll { height: 1fr; }
+    SettingsModal .settings--label { color: $text-muted; }
+    SettingsModal .settings--label.-active { color: $accent; text-style: bold; }
+    SettingsModal #model-row { height: auto; }
+    SettingsModal #field-model { width: 1fr; }
+    SettingsModal #choose-model { min-width: 12; margin-left: 1; }
+    SettingsModal #field-system { height: 6; }
+    SettingsModal.-short #field-system { height: 4; }
+    SettingsModal Input:focus, SettingsModal TextArea:focus { border: tall $accent; }
+    SettingsModal .settings--hint { color: $text-muted; width: 100%; height: auto; }
+    SettingsModal .settings--hint.-invalid { color: $error; }
+    SettingsModal #settings-grid {
+        grid-size: 3;
+        grid-columns: 15 14 1fr;
+        grid-rows: auto;
+        grid-gutter: 0 1;
+        height: auto;
+        margin-top: 1;
+    }
+    SettingsModal.-narrow #settings-grid { grid-columns: 13 14 1fr; }
+    SettingsModal #settings-grid Input { background: $boost; }
+    SettingsModal #settings-grid Input:focus { background: $accent 35%; text-style: bold; }
+    SettingsModal #settings-grid Input.-invalid { background: $error 25%; }
+    SettingsModal #settings-grid Select:focus > SelectCurrent { background: $accent 35%; text-style: bold; }
+    SettingsModal #settings-error { color: $error; height: auto; }
+    SettingsModal #settings-buttons { height: auto; align-horizontal: right; margin-top: 1; }
+    SettingsModal.-short #settings-buttons { margin-top: 0; }
+    SettingsModal #settings-buttons Button { min-width: 10; margin-left: 1; }
+    SettingsModal Button:focus { text-style: bold reverse; }
+    """
+
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (70, "-roomy")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-high")]
+
     BINDINGS = [
         Binding("escape", "cancel", "Cancel", id="dialog.cancel"),
         Binding("ctrl+s", "save", "Save", priority=True, id="settings.save"),
@@ -71,42 +172,49 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
         defaults: DiffusionParams,
         resolve: Callable[[DiffusionParams], DiffusionParams],
         check_model: Callable[[str], str | None],
+        default_model: Path | None = None,
     ) -> None:
         super().__init__(classes="dialog-screen")
         self.chat_title = chat_title
         self.model = model
         self.default_model_name = default_model_name
+        self.default_model = default_model
         self.system_prompt = system_prompt
         self.overrides = dict(overrides)
         self.defaults = defaults
         self.resolve = resolve
         self.check_model = check_model
+        self._error_about = ""
+        self._error_model: str | None = None
 
     def compose(self) -> ComposeResult:
         effective = self.defaults.updated(**{k: v for k, v in self.overrides.items() if k in FIELDS})
-        with Vertical(classes="dialog -wide -tall", id="settings"):
-            yield Label(f"Chat settings — {self.chat_title}", classes="dialog--title", markup=False)
+        with Vertical(id="settings"):
+            yield Label(f"Chat settings — {self.chat_title}", classes="settings--title", markup=False)
             with VerticalScroll(id="settings-scroll"):
-                yield Label("Model (blank: the default model)", classes="settings--label")
-                yield Input(self.model or "", placeholder=f"default: {self.default_model_name}", id="field-model",
-                            compact=True)
-                yield Label("System prompt / persona", classes="settings--label")
-                yield TextArea(self.system_prompt, id="field-system", soft_wrap=True, tab_behavior="focus",
-                               compact=True)
+                yield Label("Model", id="label-model", classes="settings--label")
+                with Horizontal(id="model-row"):
+                    yield Input(self.model or "", placeholder=f"default: {self.default_model_name}", id="field-model",
+                                suggester=PathSuggester((".gguf",)))
+                    yield Button("Choose…", id="choose-model")
+                yield Label(self._model_hint(self.model or ""), id="hint-model", classes="settings--hint", markup=False)
+                yield Label("System prompt / persona", id="label-system", classes="settings--label")
+                yield TextArea(self.system_prompt, id="field-system", soft_wrap=True, tab_behavior="focus")
                 with Grid(id="settings-grid"):
-                    for name, (label, kind, help_text) in FIELDS.items():
-                        yield Label(label, classes="settings--label")
+                    for name, (label, kind, _help) in FIELDS.items():
+                        yield Label(label, id=f"label-{name}", classes="settings--label")
                         value = getattr(effective, name)
                         if isinstance(kind, tuple):
-                            yield Select([(c, c) for c in kind], value=value if value in kind else Select.BLANK,
-                                         allow_blank=False, id=f"field-{name}", compact=True)
+                            # blank only where the model has no value (a server that samples its own way)
+                            yield Select([(c, c) for c in kind], value=value if value in kind else Select.NULL,
+                                         allow_blank=value not in kind, id=f"field-{name}", compact=True)
                         else:
-                            yield Input(_fmt(value), id=f"field-{name}", type="number" if kind is float else "integer",
-                                        compact=True)
-                        default = _fmt(getattr(self.defaults, name)) or "off"
-                        yield Label(f"default: {default} · {help_text}", classes="settings--default", markup=False)
-            yield Label("", id="settings-error", classes="dialog--error", markup=False)
-            with Horizontal(classes="dialog--buttons"):
+                            # plain text, not type="integer": a letter typed by mistake shows, and is named
+                            yield Input(_fmt(value), id=f"field-{name}", compact=True)
+                        yield Label(self._default_hint(name), id=f"hint-{name}", classes="settings--hint",
+                                    markup=False)
+            yield Label("", id="settings-error", markup=False)
+            with Horizontal(id="settings-buttons"):
                 yield Button("Save", variant="primary", id="save")
                 yield Button("Reset to model defaults", id="reset")
                 yield Button("Cancel", id="cancel")
@@ -114,48 +222,139 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
     def on_mount(self) -> None:
         if self.app.is_headless:
             self.query_one("#field-system", TextArea).cursor_blink = False
-        self.query_one("#field-steps", Input).focus()
+        self.query_one("#settings-error", Label).display = False
+        self.query_one("#field-model", Input).focus()
+
+    # -- hints ----------------------------------------------------------------------------------
+    def _default_hint(self, name: str) -> str:
+        default = _fmt(getattr(self.defaults, name)) or "off"
+        return f"default: {default} · {FIELDS[name][2]}"
+
+    @staticmethod
+    def _model_hint(value: str) -> str:
+        if not value.strip():
+            return "Blank: the default model. Choose… lists the installed ones; → completes a typed path."
+        return f"This chat: {display_name(value.strip())}. Blank: the default model; Choose… lists the installed ones."
+
+    def _show_problems(self, problems: dict[str, str]) -> None:
+        for name in FIELDS:
+            hint = self.query_one(f"#hint-{name}", Label)
+            problem = problems.get(name)
+            hint.update(f"✗ {problem}" if problem else self._default_hint(name))
+            hint.set_class(problem is not None, "-invalid")
+            field = self.query_one(f"#field-{name}")
+            field.set_class(problem is not None, "-invalid")
+        if "model" in problems:
+            self._show_model_problem(problems["model"])
+
+    def _set_error(self, text: str, about: str = "") -> None:
+        """The line above the buttons: why Save refused; `about` says which part ("model", "sampler")
+        so that fixing that part clears it (and fixing another part does not)."""
+        self._error_about = about if text else ""
+        self._error_model = self.query_one("#field-model", Input).value if about == "model" else None
+        error = self.query_one("#settings-error", Label)
+        error.update(text)
+        error.display = bool(text)
 
     # -- reading the form -----------------------------------------------------------------------
-    def _values(self) -> dict[str, Any]:
+    def _read(self) -> tuple[dict[str, Any], dict[str, str], str]:
+        """(values, problem per field, the first problem as one line naming its field)."""
         values: dict[str, Any] = {}
+        problems: dict[str, str] = {}
+        first = ""
         for name, (label, kind, _help) in FIELDS.items():
             if isinstance(kind, tuple):
-                values[name] = self.query_one(f"#field-{name}", Select).value
+                chosen = self.query_one(f"#field-{name}", Select).value
+                values[name] = None if chosen is Select.NULL else chosen
                 continue
             raw = self.query_one(f"#field-{name}", Input).value.strip()
             if not raw:
                 values[name] = None
                 continue
             try:
-                values[name] = int(raw) if kind is int else float(raw)
+                values[name] = parse_number(name, raw)
             except ValueError:
-                noun = "a whole number" if kind is int else "a number"
-                raise DgchatError(f"{label}: {raw!r} is not {noun}") from None
-        return values
+                problems[name] = f"“{raw}” is not {TAKES[name]}"
+                first = first or f"{label}: {problems[name]}"
+        if not problems:
+            try:
+                self.resolve(self.defaults.updated(**self._overrides(values)).with_defaults(values))
+            except DgchatError as exc:
+                message = _flags_to_names(str(exc))
+                for name in fields_named(message):
+                    problems[name] = message
+                first = message
+        return values, problems, first
+
+    def _overrides(self, values: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in values.items() if v is not None and v != getattr(self.defaults, k)}
 
     def collect(self) -> ChatSettings:
         """The form as settings, validated; raises DgchatError naming the bad field."""
-        values = self._values()
+        values, problems, first = self._read()
+        self._show_problems(problems)
+        if first:
+            raise DgchatError(first)
         model = self.query_one("#field-model", Input).value.strip() or None
         if model is not None:
             problem = self.check_model(model)
             if problem:
+                self._show_problems({"model": problem})
                 raise DgchatError(f"Model: {problem}")
-        overrides = {k: v for k, v in values.items() if v is not None and v != getattr(self.defaults, k)}
-        try:
-            self.resolve(self.defaults.updated(**overrides).with_defaults(values))
-        except DgchatError as exc:
-            raise DgchatError(_flags_to_names(str(exc))) from None
         system = self.query_one("#field-system", TextArea).text
-        return ChatSettings(model=model, system_prompt=system, params=overrides)
+        return ChatSettings(model=model, system_prompt=system, params=self._overrides(values))
+
+    def _first_invalid(self) -> None:
+        for name in ("model", *FIELDS):
+            if self.query_one(f"#hint-{name}", Label).has_class("-invalid"):
+                self.query_one(f"#field-{name}").focus()
+                return
+
+    # -- events ---------------------------------------------------------------------------------
+    def on_input_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        if event.input.id == "field-model":
+            if event.value != self._error_model:  # not the Changed of the value Save just refused
+                self._show_model_problem(None)
+                if self._error_about == "model":
+                    self._set_error("")
+            return
+        _values, problems, first = self._read()
+        self._show_problems(problems)
+        if not first and self._error_about == "sampler":
+            self._set_error("")
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        event.stop()
+        if not self.is_mounted:
+            return
+        _values, problems, _first = self._read()
+        self._show_problems(problems)
+
+    def _show_model_problem(self, problem: str | None) -> None:
+        hint = self.query_one("#hint-model", Label)
+        hint.update(f"✗ {problem}" if problem else self._model_hint(self.query_one("#field-model", Input).value))
+        hint.set_class(problem is not None, "-invalid")
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        # the focused field's label lights up too: focus is visible even where a field is one line
+        field_id = event.widget.id or ""
+        name = "model" if field_id == "choose-model" else field_id.removeprefix("field-")
+        for label in self.query(".settings--label"):
+            label.set_class(label.id == f"label-{name}", "-active")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        {"save": self.action_save, "reset": self.action_reset, "cancel": self.action_cancel,
+         "choose-model": self.action_choose_model}[event.button.id or "cancel"]()
 
     # -- actions --------------------------------------------------------------------------------
     def action_save(self) -> None:
         try:
             settings = self.collect()
         except DgchatError as exc:
-            self.query_one("#settings-error", Label).update(str(exc))
+            self._set_error(str(exc), "model" if str(exc).startswith("Model: ") else "sampler")
+            self._first_invalid()
             return
         self.dismiss(settings)
 
@@ -167,11 +366,31 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
                     self.query_one(f"#field-{name}", Select).value = value
             else:
                 self.query_one(f"#field-{name}", Input).value = _fmt(value)
-        self.query_one("#settings-error", Label).update("")
+        self._set_error("")
 
     def action_cancel(self) -> None:
         self.dismiss(None)
 
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        {"save": self.action_save, "reset": self.action_reset, "cancel": self.action_cancel}[event.button.id or "cancel"]()
+    def action_choose_model(self) -> None:
+        typed = self.query_one("#field-model", Input).value.strip()
+        current = Path(typed).expanduser() if typed else self.default_model
+        self.app.push_screen(
+            ModelPicker(current=current, check=self.check_model, open_models=self._open_models,
+                        title="Choose this chat's model"),
+            self._model_chosen,
+        )
 
+    def _model_chosen(self, path: Path | None) -> None:
+        field = self.query_one("#field-model", Input)
+        if path is not None:
+            field.value = str(path)
+            field.cursor_position = len(field.value)
+        field.focus()
+
+    def _open_models(self) -> None:
+        """The Models screen over these settings; the model it is told to Use fills the Model field."""
+        from dgchat.app.models_screen import ModelsScreen
+
+        if any(isinstance(s, ModelsScreen) for s in self.app.screen_stack):
+            return
+        self.app.push_screen(ModelsScreen(), self._model_chosen)

@@ -5,8 +5,13 @@ Schema (PRAGMA user_version is the schema version; `_STEPS[i]` upgrades version 
     chats(id, title, model, system_prompt, params, created_at, updated_at)
         model NULL = the app's default model; params = JSON sampler overrides (unset = model default)
     messages(id, chat_id -> chats ON DELETE CASCADE, role 'user'|'assistant', content,
-             status 'done'|'generating'|'stopped'|'error', meta JSON, created_at)
-        conversation order is id order; meta holds model, stop reason, statistics, parameters
+             status 'done'|'generating'|'stopped'|'error', meta JSON, created_at,
+             parent_id, shown)
+        meta holds model, stop reason, statistics, parameters
+        versions: the messages of a chat form a tree. parent_id is the message before this one
+        (NULL: the first); messages with the same parent are versions of one turn (regenerated
+        answers, edited prompts), in id order, and `shown` = 1 marks the one the conversation
+        uses. The conversation is the path from the first message down through shown versions.
     settings(key, value JSON)                  app state: last theme, last chat
     messages_fts                               FTS5 index over messages.content (external content,
                                                kept in sync by triggers)
@@ -109,6 +114,9 @@ class Message:
     status: str = "done"
     meta: dict[str, Any] = field(default_factory=dict)
     created_at: float = 0.0
+    parent_id: int | None = None  # the message before this one (None: the chat's first)
+    version: int = 1  # which version of its turn this is (1-based, oldest first) ...
+    versions: int = 1  # ... of how many (regenerated answers, edited prompts)
 
 
 @dataclass
@@ -169,7 +177,23 @@ def _step_2(db: sqlite3.Connection) -> None:
     db.execute("INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')")
 
 
-_STEPS: list[Callable[[sqlite3.Connection], None]] = [_step_1, _step_2]
+def _step_3(db: sqlite3.Connection) -> None:
+    """Versions of a turn: each message points at the one before it (parent_id) and `shown` marks
+    the version the conversation uses. Existing chats become a chain in id order, all shown.
+
+    parent_id has no REFERENCES clause on purpose: a self-referencing ON DELETE CASCADE would
+    recurse once per message of a long chat (SQLite stops at 1,000 levels); the store deletes a
+    branch itself (Store.delete_message)."""
+    db.execute("ALTER TABLE messages ADD COLUMN parent_id INTEGER")
+    db.execute("ALTER TABLE messages ADD COLUMN shown INTEGER NOT NULL DEFAULT 1")
+    db.execute(
+        "UPDATE messages SET parent_id = (SELECT MAX(p.id) FROM messages p "
+        "WHERE p.chat_id = messages.chat_id AND p.id < messages.id)"
+    )
+    db.execute("CREATE INDEX messages_by_parent ON messages(chat_id, parent_id, id)")
+
+
+_STEPS: list[Callable[[sqlite3.Connection], None]] = [_step_1, _step_2, _step_3]
 SCHEMA_VERSION = len(_STEPS)
 
 
@@ -344,29 +368,98 @@ class Store:
 
     # -- messages -------------------------------------------------------------------------------
     @staticmethod
-    def _message(row: sqlite3.Row) -> Message:
+    def _message(row: sqlite3.Row, version: int = 1, versions: int = 1) -> Message:
         return Message(
             id=row["id"], chat_id=row["chat_id"], role=row["role"], content=row["content"], status=row["status"],
-            meta=_json_dict(row["meta"]), created_at=row["created_at"],
+            meta=_json_dict(row["meta"]), created_at=row["created_at"], parent_id=row["parent_id"],
+            version=version, versions=versions,
         )
 
+    @staticmethod
+    def _conversation(db: sqlite3.Connection, chat_id: int) -> list[tuple[sqlite3.Row, int, int]]:
+        """The chat's conversation: from its first message down through the shown version of each
+        turn, as (row, version, of how many versions)."""
+        turns: dict[int | None, list[sqlite3.Row]] = {}
+        for row in db.execute("SELECT * FROM messages WHERE chat_id = ? ORDER BY id", (chat_id,)):
+            turns.setdefault(row["parent_id"], []).append(row)
+        path: list[tuple[sqlite3.Row, int, int]] = []
+        parent: int | None = None
+        while versions := turns.pop(parent, None):  # pop: a corrupt parent loop cannot spin
+            shown = [i for i, row in enumerate(versions) if row["shown"]]
+            index = shown[-1] if shown else len(versions) - 1  # none marked: the newest
+            row = versions[index]
+            path.append((row, index + 1, len(versions)))
+            parent = row["id"]
+        return path
+
+    @staticmethod
+    def _turn(db: sqlite3.Connection, chat_id: int, parent_id: int | None) -> list[sqlite3.Row]:
+        """The versions of one turn (the messages after `parent_id`), oldest first."""
+        return db.execute(
+            "SELECT * FROM messages WHERE chat_id = ? AND parent_id IS ? ORDER BY id", (chat_id, parent_id)
+        ).fetchall()
+
     def messages(self, chat_id: int) -> list[Message]:
-        return [self._message(r) for r in self._query("SELECT * FROM messages WHERE chat_id = ? ORDER BY id", (chat_id,))]
+        """The conversation as the model and the export see it: each turn's shown version, in order."""
+        with self._lock:
+            return [self._message(*entry) for entry in self._conversation(self._db, chat_id)]
 
     def get_message(self, message_id: int) -> Message | None:
-        rows = self._query("SELECT * FROM messages WHERE id = ?", (message_id,))
-        return self._message(rows[0]) if rows else None
+        with self._lock:
+            row = self._db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
+            if row is None:
+                return None
+            ids = [r["id"] for r in self._turn(self._db, row["chat_id"], row["parent_id"])]
+        return self._message(row, ids.index(row["id"]) + 1, len(ids))
+
+    def versions(self, message_id: int) -> list[Message]:
+        """Every version of the message's turn, itself included, oldest first ([] if it is gone)."""
+        with self._lock:
+            row = self._db.execute("SELECT chat_id, parent_id FROM messages WHERE id = ?", (message_id,)).fetchone()
+            rows = self._turn(self._db, row["chat_id"], row["parent_id"]) if row is not None else []
+        return [self._message(r, i + 1, len(rows)) for i, r in enumerate(rows)]
+
+    def show_version(self, message_id: int) -> None:
+        """Make the message the version of its turn that the conversation uses, and each message
+        before it the shown version of its own turn (a search hit in an older version shows it)."""
+        with self._tx() as db:
+            current: int | None = message_id
+            seen: set[int] = set()
+            while current is not None and current not in seen:
+                seen.add(current)
+                row = db.execute("SELECT chat_id, parent_id FROM messages WHERE id = ?", (current,)).fetchone()
+                if row is None:
+                    break
+                db.execute(
+                    "UPDATE messages SET shown = (id = ?) WHERE chat_id = ? AND parent_id IS ?",
+                    (current, row["chat_id"], row["parent_id"]),
+                )
+                current = row["parent_id"]
 
     def add_message(
-        self, chat_id: int, role: str, content: str, *, status: str = "done", meta: dict[str, Any] | None = None
+        self, chat_id: int, role: str, content: str, *, status: str = "done", meta: dict[str, Any] | None = None,
+        version_of: int | None = None,
     ) -> Message:
-        """Insert and commit a message (durable when this returns); the first user message titles the chat."""
+        """Insert and commit a message (durable when this returns) at the end of the conversation,
+        or, with `version_of`, as a new version of that message's turn: shown instead of it, while
+        the old version and everything after it are kept (flip back to see them). The first user
+        message titles the chat."""
         now = time.time()
         content = storable(content)
         with self._tx() as db:
+            if version_of is None:
+                path = self._conversation(db, chat_id)
+                parent = path[-1][0]["id"] if path else None
+            else:
+                row = db.execute("SELECT chat_id, parent_id FROM messages WHERE id = ?", (version_of,)).fetchone()
+                if row is None or row["chat_id"] != chat_id:
+                    raise StoreError(f"message {version_of} is not in chat {chat_id} (deleted meanwhile?)")
+                parent = row["parent_id"]
+            db.execute("UPDATE messages SET shown = 0 WHERE chat_id = ? AND parent_id IS ?", (chat_id, parent))
             cur = db.execute(
-                "INSERT INTO messages(chat_id, role, content, status, meta, created_at) VALUES (?,?,?,?,?,?)",
-                (chat_id, role, content, status, json.dumps(meta or {}), now),
+                "INSERT INTO messages(chat_id, role, content, status, meta, created_at, parent_id, shown) "
+                "VALUES (?,?,?,?,?,?,?,1)",
+                (chat_id, role, content, status, json.dumps(meta or {}), now, parent),
             )
             db.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (now, chat_id))
             if role == "user":
@@ -376,11 +469,12 @@ class Store:
         assert message is not None
         return message
 
-    def begin_answer(self, chat_id: int, meta: dict[str, Any] | None = None) -> Message:
-        """An empty assistant row, 'generating', owned by this process until finished."""
+    def begin_answer(self, chat_id: int, meta: dict[str, Any] | None = None, *, version_of: int | None = None) -> Message:
+        """An empty assistant row, 'generating', owned by this process until finished; with
+        `version_of`, a new version of that answer (regenerate)."""
         meta = dict(meta or {})
         meta["pid"] = os.getpid()
-        return self.add_message(chat_id, "assistant", "", status="generating", meta=meta)
+        return self.add_message(chat_id, "assistant", "", status="generating", meta=meta, version_of=version_of)
 
     def checkpoint_answer(self, message_id: int, content: str) -> None:
         content = storable(content)
@@ -410,14 +504,44 @@ class Store:
             db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
 
     def delete_message(self, message_id: int) -> None:
+        """Delete a message and what follows it in its branch; when it was the shown version of its
+        turn, the newest remaining version is shown instead."""
         with self._tx() as db:
-            db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
+            row = db.execute("SELECT chat_id, parent_id, shown FROM messages WHERE id = ?", (message_id,)).fetchone()
+            if row is None:
+                return
+            doomed = [message_id, *self._after(db, row["chat_id"], message_id)]
+            db.executemany("DELETE FROM messages WHERE id = ?", [(i,) for i in doomed])
+            if row["shown"]:
+                db.execute(
+                    "UPDATE messages SET shown = 1 WHERE id = "
+                    "(SELECT MAX(id) FROM messages WHERE chat_id = ? AND parent_id IS ?)",
+                    (row["chat_id"], row["parent_id"]),
+                )
 
     def delete_after(self, chat_id: int, message_id: int) -> int:
-        """Delete the chat's messages after `message_id` (edit-and-rerun); returns how many."""
+        """Delete what follows `message_id` in its branch (every version after it); returns how many."""
         with self._tx() as db:
-            cur = db.execute("DELETE FROM messages WHERE chat_id = ? AND id > ?", (chat_id, message_id))
-            return cur.rowcount
+            doomed = self._after(db, chat_id, message_id)
+            db.executemany("DELETE FROM messages WHERE id = ?", [(i,) for i in doomed])
+            return len(doomed)
+
+    @staticmethod
+    def _after(db: sqlite3.Connection, chat_id: int, message_id: int) -> list[int]:
+        """Ids of the messages below `message_id` in the chat's tree (all versions, all depths)."""
+        children: dict[int | None, list[int]] = {}
+        for row in db.execute("SELECT id, parent_id FROM messages WHERE chat_id = ?", (chat_id,)):
+            children.setdefault(row["parent_id"], []).append(row["id"])
+        found: list[int] = []
+        seen = {message_id}
+        stack = [message_id]
+        while stack:
+            for child in children.get(stack.pop(), ()):
+                if child not in seen:
+                    seen.add(child)
+                    found.append(child)
+                    stack.append(child)
+        return found
 
     def prompt_history(self, limit: int = 500) -> list[str]:
         """Earlier prompts, newest first, without repeats (Up in the prompt box)."""

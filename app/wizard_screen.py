@@ -14,7 +14,12 @@
                  the loaded model to the chat
 
 The only network traffic is the download the user starts in step 4 (dgchat.hub lifts HF_HUB_OFFLINE
-for that call alone); everything else reads local files.
+for that call alone); everything else reads local files. When the hub cannot be reached at all the
+download page says "No network connection" and offers the bundled model, which needs none.
+
+Run again later from the command palette (setup: run again, or setup: correct the hardware values,
+which opens at step 2): then "Close" leaves it without changing anything, and only "Start chatting"
+changes the default model.
 """
 
 from __future__ import annotations
@@ -38,7 +43,6 @@ from dgchat.app.model_ops import (
 from dgchat.app.session import Engine, JobDone, ModelChange, ModelSession
 from dgchat.app.widgets.canvas import LiveCanvas
 from dgchat.hub import DownloadCancelled, Hardware, HubError, TokenRequiredError
-from dgchat.hub.fit import Fit
 from dgchat.hub.manager import ModelRow, PullResult
 from dgchat.hub.registry import InstalledModel
 from dgchat.hub.util import format_bytes
@@ -82,7 +86,9 @@ HW_FIELDS = (
     ("disk_free", "Free disk", "hw-disk"),
     ("vram_total", "GPU memory", "hw-vram"),
 )
-FIT_STYLES = {Fit.VRAM: "bold green", Fit.RAM: "yellow", Fit.NONE: "red", Fit.UNKNOWN: "dim"}
+WIZARD_MAX_WIDTH = 110  # #wizard's max-width in dgchat.tcss
+TABLE_INSET = 6  # #wizard's padding (2) + #wiz-body's border and padding (4)
+TABLE_ROWS = 10  # model rows #wiz-models shows before it scrolls (its max-height less the header)
 
 
 def trial_params(engine: Engine, base: DiffusionParams) -> DiffusionParams:
@@ -110,11 +116,23 @@ def _size_text(value: int | None) -> str:
 class WizardScreen(Screen[None]):
     """Pushed over the chat screen by DgchatApp.first_run_screen(); dismissed into the chat."""
 
+    # the rest of its CSS is in dgchat.tcss ("first-run wizard")
+    DEFAULT_CSS = """
+    #wiz-models { scrollbar-size-vertical: 1; }
+    """
+
     BINDINGS = [Binding("escape", "back", "Back", show=False)]
 
-    def __init__(self) -> None:
+    def __init__(self, *, rerun: bool = False, start: str = "welcome") -> None:
+        """`rerun`: opened from the palette after setup (Close instead of Skip setup, nothing is
+        written unless the user finishes); `start`: the step to open at ("hardware" to correct
+        the detected values)."""
         super().__init__(id="wizard-screen")
-        self.step = "welcome"
+        if start not in ("welcome", "hardware"):
+            raise ValueError(f"the wizard starts at welcome or hardware, not {start!r}")
+        self.rerun = rerun
+        self.start_step = start
+        self.step = start
         self.mgr: Any = None  # ModelManager
         self.hw: Hardware | None = None
         self._shown_hw: dict[str, str] = {}  # the text each hardware field was filled with
@@ -131,6 +149,7 @@ class WizardScreen(Screen[None]):
         self.canvas: LiveCanvas | None = None
         self.live: LiveView | None = None
         self._finish_when_done = False
+        self._table_width = 0  # the width the model table was laid out for
 
     # -- layout ---------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -185,6 +204,7 @@ class WizardScreen(Screen[None]):
                 yield Button("Back", id="wiz-back")
                 yield Static("", id="wiz-nav-gap")
                 yield Button("Skip setup", id="wiz-skip")
+                yield Button("Close", id="wiz-close")
                 yield Button("Detect again", id="wiz-redetect")
                 yield Button("Use the bundled model", id="wiz-bundled")
                 yield Button("Cancel", id="wiz-cancel", variant="warning")
@@ -193,8 +213,6 @@ class WizardScreen(Screen[None]):
                 yield Button("Next", id="wiz-next", variant="primary")
 
     def on_mount(self) -> None:
-        table = self.query_one("#wiz-models", DataTable)
-        table.add_columns(" ", "Model", "Size", "Where", "Fit for this machine")
         self.live = LiveView(self, self._draw, lambda: self.generation.event if self.generation else None,
                              hz=self.app.config.refresh_hz)
         self.session.watch(self, self._model_changed)
@@ -205,7 +223,7 @@ class WizardScreen(Screen[None]):
         self.query_one("#ready-note", Static).update(
             f"“Start chatting” saves this as your default model in {short_path(self.app.config.path)}. "
             "Models can be changed later: F4, or Ctrl+P → model: manage models…")
-        self.go("welcome")
+        self.go(self.start_step)
 
     # -- navigation -----------------------------------------------------------------------------
     def go(self, step: str) -> None:
@@ -247,12 +265,12 @@ class WizardScreen(Screen[None]):
 
     def _nav(self) -> None:
         """Which buttons the current step offers, and what they say."""
-        show = {"wiz-back": False, "wiz-skip": False, "wiz-redetect": False, "wiz-bundled": False,
-                "wiz-cancel": False, "wiz-retry": False, "wiz-retest": False, "wiz-next": True}
+        show = {"wiz-back": False, "wiz-skip": False, "wiz-close": False, "wiz-redetect": False,
+                "wiz-bundled": False, "wiz-cancel": False, "wiz-retry": False, "wiz-retest": False, "wiz-next": True}
         label, enabled, back_label = "Next", True, "Back"
         step = self.step
         if step == "welcome":
-            show["wiz-skip"] = True
+            show["wiz-skip"] = not self.rerun
             enabled = self.mgr is not None
         elif step == "hardware":
             show["wiz-back"] = show["wiz-redetect"] = True
@@ -270,6 +288,9 @@ class WizardScreen(Screen[None]):
             show["wiz-retry"] = state in ("paused", "failed") and self.problem is not None and bool(self.problem.retry)
             if show["wiz-retry"] and self.problem is not None:
                 self.query_one("#wiz-retry", Button).label = self.problem.retry or "Retry"
+            # a failed download (no network above all): the model that needs none is one press away
+            show["wiz-bundled"] = state == "failed" and self._bundled_row() is not None
+            self.query_one("#wiz-bundled", Button).disabled = False
             show["wiz-next"] = state == "done"
             label = "Next: test it"
         elif step == "ready":
@@ -279,6 +300,8 @@ class WizardScreen(Screen[None]):
             show["wiz-retest"] = self.load_state == "loaded" and not running
             label = "Start chatting"
             enabled = self.load_state == "loaded" and not self._finish_when_done
+        if self.rerun:
+            show["wiz-close"] = not (step == "download" and self.download_state == "running")
         for wid, visible in show.items():
             self.query_one(f"#{wid}", Button).display = visible
         nxt = self.query_one("#wiz-next", Button)
@@ -308,6 +331,8 @@ class WizardScreen(Screen[None]):
             self.action_back()
         elif bid == "wiz-skip":
             self.skip()
+        elif bid == "wiz-close":
+            self.close()
         elif bid == "wiz-redetect":
             self._redetect()
         elif bid == "wiz-bundled":
@@ -340,7 +365,9 @@ class WizardScreen(Screen[None]):
             self.finish()
 
     def action_back(self) -> None:
-        if self.step == "welcome":
+        if self.step == "welcome" or (self.rerun and self.step == self.start_step):
+            if self.rerun:
+                self.close()
             return
         if self.step == "download":
             if self.download_state == "running":
@@ -354,6 +381,10 @@ class WizardScreen(Screen[None]):
 
     # -- 2: the machine -------------------------------------------------------------------------
     def _detect(self, *, as_detected: bool = False) -> None:
+        if self.mgr is None:  # opened at this step with a catalog that could not be read
+            self.query_one("#hw-error", Static).update(
+                str(self.query_one("#wiz-welcome-error", Static).render()) or "The model catalog could not be read.")
+            return
         self.detecting = True
         self.query_one("#hw-notes", Static).update("Looking at this machine…")
         models_dir = self.mgr.models_dir
@@ -468,20 +499,25 @@ class WizardScreen(Screen[None]):
             self.choice = None
             self._nav()
             return
-        why.update(("★ is the recommendation for this machine: " + rec.reason) if rec is not None else "")
+        why.update(f"★ {rec.entry.title} is recommended: {rec.reason}." if rec is not None else "")
         selected = 0
         keep = self.choice.name if self.choice is not None else None
         for i, row in enumerate(self.rows):
-            fit = row.fit
-            badge = Text(model_ops.fit_text(fit), style=FIT_STYLES.get(fit.fit, "") if fit else "dim")
-            title = row.title if len(row.title) <= 44 else row.title[:43] + "…"
-            table.add_row("★" if row.recommended else "", title, model_ops.fmt_size(row.size, row.size_exact),
-                          model_ops.where_text(row), badge, key=str(i))
             if (keep is not None and row.name == keep) or (keep is None and row.recommended):
                 selected = i
+        self._table_width = self._table_room()
+        model_ops.fill_model_table(table, self.rows, ["★" if r.recommended else "" for r in self.rows],
+                                   self._table_width, visible_rows=TABLE_ROWS)
         if self.rows:
             table.move_cursor(row=selected, animate=False)
             self._select(selected)
+
+    def _table_room(self) -> int:
+        return max(20, min(self.app.size.width, WIZARD_MAX_WIDTH) - TABLE_INSET)
+
+    def on_resize(self, _event: Any) -> None:
+        if self.step == "model" and self.rows and self._table_width != self._table_room():
+            self._fill_models()
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         event.stop()
@@ -783,6 +819,16 @@ class WizardScreen(Screen[None]):
                     app.chat_screen.action_open_model()
 
             app.push_screen(NoModelScreen(short_path(app.config.path)), after)
+
+    def close(self) -> None:
+        """Leave a wizard run again from the palette without changing anything (a download in
+        progress is paused, its partial file kept; the default model stays what it was)."""
+        if not self.rerun:
+            return
+        if self.pull_task is not None and self.pull_task.running:
+            self.pull_task.close()
+        self._stop_test()
+        self.dismiss(None)
 
     # -- teardown -------------------------------------------------------------------------------
     def on_unmount(self) -> None:

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from dgchat.commands.common import (
@@ -32,6 +33,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--visual", action="store_true", help="redraw the canvas every step")
     p.add_argument("--json", action="store_true", help="print the answer and statistics as one JSON object")
     add_sampler_args(p)
+    from dgchat.remote.cli import add_server_args
+
+    add_server_args(p)
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
@@ -43,6 +47,11 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dgchat.remote.cli import server_choice
+
+    urls, api_key = server_choice(args)
+    if urls:
+        return _run_remote(args, urls[0], api_key)
     from dgchat.model_backend import llamacpp
     from dgchat.model_backend.engine import DiffusionEngine
 
@@ -61,15 +70,20 @@ def run(args: argparse.Namespace) -> int:
         resolved = engine.resolve(params)
         with ctrl_c_cancels() as cancel:
             final = _drive(engine, prompt, resolved, cancel, visual=args.visual and not args.json)
-        if args.json:
-            print(json.dumps(_as_json(final, engine, model_path, resolved), ensure_ascii=False))
-        else:
-            sys.stdout.write(final.text.rstrip("\n") + "\n")
-            if final.stop_reason == "cancelled":
-                sys.stderr.write("dgchat: generation stopped (Ctrl-C); partial answer above\n")
-        return 130 if final.stop_reason == "cancelled" else 0
+        return _report(final, args, lambda: _as_json(final, engine, model_path, resolved))
     finally:
         engine.close()
+
+
+def _report(final: FinalEvent, args: argparse.Namespace, as_json: Callable[[], dict[str, Any]]) -> int:
+    """Print the answer (or its JSON); the exit status says whether Ctrl-C cut it short."""
+    if args.json:
+        print(json.dumps(as_json(), ensure_ascii=False))
+    else:
+        sys.stdout.write(final.text.rstrip("\n") + "\n")
+        if final.stop_reason == "cancelled":
+            sys.stderr.write("dgchat: generation stopped (Ctrl-C); partial answer above\n")
+    return 130 if final.stop_reason == "cancelled" else 0
 
 
 def _drive(engine, prompt, params, cancel: threading.Event, *, visual: bool) -> FinalEvent:
@@ -80,10 +94,9 @@ def _drive(engine, prompt, params, cancel: threading.Event, *, visual: bool) -> 
                 final = event
         assert final is not None
         return final
+    from dgchat.commands.render import render_step
     from rich.console import Console
     from rich.live import Live
-
-    from dgchat.commands.render import render_step
 
     console = Console(stderr=False)
     if not console.is_terminal:
@@ -114,5 +127,53 @@ def _as_json(final: FinalEvent, engine, model_path, params) -> dict[str, Any]:
         "architecture": engine.info.architecture,
         "engine": final.engine_label,
         "params": params.as_dict(),
+        "stats": final.stats.as_dict(),
+    }
+
+
+def _run_remote(args: argparse.Namespace, url: str, api_key: str | None) -> int:
+    """The same answer from a server (docs/SCALING.md): dgchat serve streams its canvas (--visual
+    draws it as a local run does), other servers stream text."""
+    from dgchat.remote import RemoteEngine
+    from dgchat.remote.engine import flag
+
+    params = params_from_args(args)
+    prompt_text = _read_prompt(args)
+    if args.n_gpu_layers is not None or args.threads is not None:
+        raise InvalidParameterError("--n-gpu-layers and --threads set up a local model; the server has its own")
+    visual = args.visual and not args.json
+    engine = RemoteEngine.connect(url, api_key=api_key, timeout=args.timeout, retries=args.retries,
+                                  live_canvas=visual)
+    try:
+        unsupported = engine.unsupported(params)
+        if unsupported:
+            kind = "dgchat serve" if engine.is_dgchat else "this server (not a dgchat server)"
+            raise InvalidParameterError(f"{kind} at {engine.url} takes no "
+                                        f"{', '.join(flag(u) for u in unsupported)}")
+        if args.raw:
+            prompt = engine.encode(prompt_text, special=True)  # refused: the markers need the tokenizer
+        else:
+            messages = ([{"role": "system", "content": args.system}] if args.system else [])
+            messages.append({"role": "user", "content": prompt_text})
+            prompt = engine.chat_prompt(messages)
+        resolved = engine.resolve(params)
+        with ctrl_c_cancels() as cancel:
+            final = _drive(engine, prompt, resolved, cancel, visual=visual)
+        return _report(final, args, lambda: _remote_json(final, engine, resolved))
+    finally:
+        engine.close()
+
+
+def _remote_json(final: FinalEvent, engine, params) -> dict[str, Any]:
+    settings = final.extra.get("settings") or {}
+    return {
+        "text": final.text,
+        "tokens": [int(t) for t in final.tokens] if engine.is_dgchat else None,  # other servers send text only
+        "stop_reason": final.stop_reason,
+        "model": engine.model_id,
+        "server": engine.url,
+        "architecture": engine.info.architecture,
+        "engine": final.engine_label,
+        "params": settings or params.as_dict(),
         "stats": final.stats.as_dict(),
     }

@@ -35,6 +35,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--precise", action="store_true",
                    help="f32 KV cache: a variant's result does not depend on what else is in its batch (slower)")
     p.add_argument("--list-cards", action="store_true", help="list the character cards found and exit")
+    from dgchat.remote.cli import add_server_args
+
+    add_server_args(p, many=True)
 
 
 def _variables(pairs: list[str]) -> dict[str, str]:
@@ -80,9 +83,23 @@ def run(args: argparse.Namespace) -> int:
     lines = load_lines_file(args.lines)
     specs = lines.specs(cards, count=args.count, seed=args.seed, variables=_variables(args.var))
 
+    from dgchat.remote.cli import server_choice
+
+    urls, api_key = server_choice(args)
+    if urls:
+        if args.precise or args.n_gpu_layers is not None or args.threads is not None:
+            raise InvalidParameterError("--precise, --n-gpu-layers and --threads set up a local model; each server "
+                                        "has its own (dgchat serve --precise ...)")
+        try:
+            with ctrl_c_cancels() as cancel:
+                batches = _generate_remote(urls, api_key, specs, args, cancel)
+        except GenerationCancelled:
+            sys.stderr.write("dgchat: stopped (Ctrl-C); nothing was written\n")
+            return 130
+        return _write(batches, args, fmt)
+
     from dgchat.model_backend import llamacpp
     from dgchat.model_backend.engine import DiffusionEngine
-    from dgchat.npc.export import build_export, export_json, write_export
     from dgchat.npc.generator import NpcGenerator
 
     llamacpp.set_verbose(getattr(args, "verbose", False))
@@ -97,6 +114,11 @@ def run(args: argparse.Namespace) -> int:
         return 130
     finally:
         engine.close()
+    return _write(batches, args, fmt)
+
+
+def _write(batches: list, args: argparse.Namespace, fmt: str) -> int:
+    from dgchat.npc.export import build_export, export_json, write_export
 
     rejected = []
     for batch in batches:
@@ -142,4 +164,68 @@ def _generate_all(generator, specs, cancel: threading.Event) -> list:
             batches.append(generator.generate(spec, progress=report, cancel=cancel))
             progress.remove_task(task)
             progress.advance(overall)
+    return batches
+
+
+def _generate_remote(urls: list[str], api_key: str | None, specs: list, args: argparse.Namespace,
+                     cancel: threading.Event) -> list:
+    """The entries on `dgchat serve` servers (docs/SCALING.md): each entry is one /v1/infill request,
+    at most --per-server in flight per server, a failed one retried on another server; the batches
+    come back in the lines file's order, so the export is the one a local run writes."""
+    import time
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from dgchat.remote.npc_lines import check_servers, generate_remote
+    from dgchat.remote.pool import ServerPool
+
+    console = Console(stderr=True)
+    started = time.perf_counter()
+    with ServerPool(urls, api_key=api_key, per_server=args.per_server, timeout=args.timeout,
+                    max_failures=args.retries + 1) as pool:
+        check_servers(pool)
+        done = [0]
+        if not console.is_terminal:
+            def log(event) -> None:  # a build log: one line per entry and per retry
+                if event.kind == "done":
+                    done[0] += 1
+                    spec = specs[event.index]
+                    console.print(f"[{done[0]}/{len(specs)}] {spec.card.id}/{spec.context or '-'}: {spec.count} "
+                                  f"variants ({event.server})", highlight=False, markup=False)
+                else:
+                    console.print(f"dgchat: {event.server} failed ({event.error}); "
+                                  f"{'dropped it, ' if event.kind == 'dropped' else ''}retrying the entry elsewhere",
+                                  highlight=False, markup=False)
+
+            batches = generate_remote(pool, specs, max_attempts=args.max_attempts, on_event=log, cancel=cancel)
+        else:
+            columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TextColumn("[dim]{task.fields[note]}"), TimeElapsedColumn())
+            with Progress(*columns, console=console, transient=False) as progress:
+                overall = progress.add_task("lines", total=len(specs), note="")
+                per_server = {url: progress.add_task(f"  {url}", total=None, note="")
+                              for url in pool.stats}
+
+                def show(event) -> None:
+                    stats = pool.stats[event.server]
+                    if event.kind == "done":
+                        progress.advance(overall)
+                    note = f"{stats.units} lines, {stats.units_per_s:.1f} lines/s"
+                    if stats.failures:
+                        note += f", {stats.failures} retried elsewhere"
+                    if stats.dropped:
+                        note += " - dropped"
+                    progress.update(per_server[event.server], completed=stats.jobs, note=note)
+
+                batches = generate_remote(pool, specs, max_attempts=args.max_attempts, on_event=show, cancel=cancel)
+        elapsed = time.perf_counter() - started
+        for stats in pool.stats.values():
+            state = f"dropped: {stats.dropped}" if stats.dropped else (
+                f"{stats.failures} failed requests retried elsewhere" if stats.failures else "no failures")
+            console.print(f"dgchat: {stats.url}: {stats.units} lines in {stats.busy_s:.1f} s "
+                          f"({stats.units_per_s:.1f} lines/s); {state}", highlight=False, markup=False)
+        total = sum(len(b.variants) for b in batches)
+        console.print(f"dgchat: {total} lines from {len(specs)} entries on {len(urls)} server(s) in {elapsed:.1f} s "
+                      f"({total / elapsed if elapsed > 0 else 0.0:.1f} lines/s)", highlight=False, markup=False)
     return batches

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+from dgchat.model_backend.canvas import Cell
+from dgchat.model_backend.canvas_view import (
+    DRAFT,
+    HOLE,
+    PLACEHOLDER,
+    VISIBLE_CONTROLS,
+    shown_cells,
+)
+from dgchat.model_backend.events import StepEvent
 from rich.console import Group
 from rich.text import Text
 
-from dgchat.model_backend.canvas import Cell
-from dgchat.model_backend.events import StepEvent
-
-PLACEHOLDER = "·"
 STYLE = {
-    Cell.MASKED: "dim",
+    Cell.MASKED: "dim italic",
+    DRAFT: "dim italic",  # uniform-state canvases: an undecided position's draft token
     Cell.NEW: "bold black on yellow",
     Cell.DONE: "",
     Cell.FIXED: "cyan",
@@ -18,16 +24,21 @@ STYLE = {
 
 
 def canvas_text(engine, event: StepEvent) -> Text:
+    """The canvas by model_backend.canvas_view's rule (special tokens never drawn, nothing after the
+    answer's end token, control characters made visible), consecutive positions of one style in
+    one span."""
     text = Text()
-    for tok in event.answer_tokens:
-        text.append(engine.piece(int(tok)))
-    for tok, state in zip(event.canvas.tokens, event.canvas.state):
-        state = Cell(int(state))
-        if state == Cell.MASKED:
-            # uniform-state canvases hold draft tokens: show them dimmed; masks show as a dot
-            text.append(engine.piece(int(tok)) if event.uniform_state else PLACEHOLDER, style="dim italic")
-        else:
-            text.append(engine.piece(int(tok)), style=STYLE[state])
+    piece = engine.piece
+    run: list[str] = []
+    run_key: int | None = None
+    for token, key in shown_cells(event, engine):
+        if key != run_key and run:
+            text.append("".join(run), style=STYLE[run_key])
+            run = []
+        run_key = key
+        run.append(PLACEHOLDER if token == HOLE else piece(token).translate(VISIBLE_CONTROLS))
+    if run:
+        text.append("".join(run), style=STYLE[run_key])
     return text
 
 

@@ -15,6 +15,7 @@ from dgchat.hub.errors import (
     DownloadCancelled,
     DownloadError,
     HubError,
+    NoNetworkError,
     NotFoundOnHubError,
     RegistryError,
     TokenRequiredError,
@@ -39,7 +40,7 @@ from dgchat.hub.tokens import TokenInfo, store_token, stored_token
 __all__ = [
     "ArchInfo", "CachedGguf", "Catalog", "CatalogEntry", "CatalogError", "DiskFullError", "DownloadCancelled",
     "DownloadError", "DownloadResult", "Fit", "FitEstimate", "GpuInfo", "Hardware", "HubError", "InstalledModel",
-    "ModelManager", "ModelRow", "NotFoundOnHubError", "PartialDownload", "Progress", "PullResult", "Recommendation",
+    "ModelManager", "ModelRow", "NoNetworkError", "NotFoundOnHubError", "PartialDownload", "Progress", "PullResult", "Recommendation",
     "Registry", "RegistryError", "RemoteFile", "RemoveResult", "TokenInfo", "TokenRequiredError",
     "VerificationError", "VerifyResult", "clear_hardware_overrides", "detect_hardware", "discard_partial",
     "download_file", "enforce_offline", "estimate", "estimate_entry", "find_in_hf_cache", "hub_network",

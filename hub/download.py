@@ -11,7 +11,7 @@ Here a download keeps
 
     <models dir>/.partial/<file>.part       the bytes so far
     <models dir>/.partial/<file>.part.json  url, repo, filename, revision, commit, etag, size, sha256
-    <models dir>/.partial/<file>.lock       held while a process works on it
+    <models dir>/.partial/<file>.lock       exists only while a process works on it
 
 and continues with `Range: bytes=<have>-` (expecting 206 and a matching Content-Range) after a
 cancel, a dropped connection, or quitting the app. The GET goes to the resolve URL pinned to the
@@ -37,6 +37,7 @@ import ssl
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections import deque
 from collections.abc import Callable
@@ -49,9 +50,11 @@ from dgchat.hub.errors import (
     DownloadCancelled,
     DownloadError,
     HubError,
+    NoNetworkError,
     NotFoundOnHubError,
     TokenRequiredError,
     VerificationError,
+    no_network_reason,
 )
 from dgchat.hub.paths import PARTIAL_DIRNAME
 from dgchat.hub.remote import RemoteFile, effective_token, resolve_remote
@@ -162,7 +165,12 @@ def _read_sidecar(path: Path) -> dict[str, Any] | None:
 
 
 class _Dropped(Exception):
-    """The connection failed in a way worth retrying (reset, cut short, stalled, 5xx)."""
+    """The connection failed in a way worth retrying (reset, cut short, stalled, 5xx).
+    `unreachable`: the server could not be reached at all, and why (errors.no_network_reason)."""
+
+    def __init__(self, message: str, unreachable: str | None = None) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 class _RangeRefused(Exception):
@@ -260,14 +268,13 @@ class Downloader:
         lock = FileLock(self.lock_path)
         if not lock.acquire(blocking=False):
             raise HubError(f"{self.dest.name} is already being downloaded (by this app or another dgchat)")
-        done = False
         try:
-            result = self._run_locked()
-            done = True
-            return result
+            return self._run_locked()
         finally:
-            # nothing left to resume: leave .partial clean; the file is deleted while still held
-            lock.release(unlink=done)
+            # The lock file only means something while it is held: it goes on success, failure and
+            # cancel alike (deleted while still held, see FileLock.release), so .partial keeps only
+            # what a resume needs (.part + .part.json).
+            lock.release(unlink=True)
 
     def _run_locked(self) -> DownloadResult:
         self._report("resolving", 0, None, force=True)
@@ -373,6 +380,7 @@ class Downloader:
 
     def _transfer(self, remote: RemoteFile, have: int, total: int | None) -> None:
         failures = 0
+        unreachable: str | None = None  # why the last attempt could not connect at all
         while True:
             if total is not None and have >= total:
                 return
@@ -389,14 +397,21 @@ class Downloader:
                 have = 0
                 failures += 1
                 reason = "the server refused the Range request"
+                unreachable = None
             except _Dropped as exc:
                 have = self._part_size()
                 reason = str(exc)
+                unreachable = exc.unreachable
                 if have > before:
                     failures = 0  # progress was made: a fresh budget of retries, as huggingface_hub does
                 failures += 1
             self._check_cancel(have, total)
             if failures > self.retries:
+                if unreachable is not None:
+                    raise NoNetworkError(
+                        f"no network connection: {unreachable}; the download of {self.dest.name} stopped at "
+                        f"{_pct(have, total)}, {format_bytes(have)} kept, pull again to resume",
+                        reason=unreachable, resumable=have > 0, bytes_done=have, bytes_total=total)
                 raise DownloadError(
                     f"download of {self.dest.name} failed at {_pct(have, total)} ({reason}); "
                     f"{format_bytes(have)} kept, pull again to resume",
@@ -441,7 +456,8 @@ class Downloader:
             raise DownloadError(f"{remote.repo}/{remote.filename}: the server answered HTTP {code}") from None
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             reason = getattr(exc, "reason", exc)
-            raise _Dropped(f"cannot connect ({reason})") from None
+            host = urllib.parse.urlsplit(req.full_url).hostname or "the server"
+            raise _Dropped(f"cannot connect ({reason})", no_network_reason(exc, host)) from None
 
     def _fetch(self, remote: RemoteFile, offset: int, total: int | None) -> tuple[int, int | None, bool]:
         """One GET from `offset`. Returns (bytes on disk, total, whether the file is complete)."""
@@ -612,8 +628,9 @@ def download_file(repo: str, filename: str, dest: Path, *, revision: str = "main
     waiting retry_delay x 2^n seconds (at most 30) between them. reserve_copies: room for this many
     more files of the same size in the free-space check (1 when a conversion follows).
 
-    Raises DownloadCancelled, DiskFullError, TokenRequiredError, NotFoundOnHubError,
-    VerificationError, DownloadError (all DgchatError)."""
+    Raises DownloadCancelled, DiskFullError, TokenRequiredError, NotFoundOnHubError, NoNetworkError
+    (the hub or its file server could not be reached at all), VerificationError, DownloadError (all
+    DgchatError)."""
     return Downloader(repo, filename, Path(dest), revision=revision, token=token, endpoint=endpoint, sha256=sha256,
                       progress=progress, cancel=cancel, retries=retries, retry_delay=retry_delay, timeout=timeout,
                       reserve_copies=reserve_copies).run()

@@ -18,8 +18,10 @@
     "will not fit"           otherwise
     "fit unknown"            RAM could not be read and was not entered
 
-    recommend(): the best badge first; among RAM fits, one that needs at most 75% of the usable RAM
-    first; then the catalog's rank; then one already on disk. The bundled model when nothing fits.
+    recommend(): the strongest model (the catalog's rank) that fits. A model that fits in GPU
+    memory is preferred, for speed, over stronger ones that would run from RAM, and the reason
+    says so; entries whose download does not fit on the disk are skipped. The bundled model when
+    nothing fits.
 
 Masked-diffusion architectures without a KV cache in llama.cpp (llada, dream, ...) recompute the
 whole sequence each step; the same term then stands for their per-pass attention buffers, so the
@@ -45,7 +47,6 @@ RAM_USABLE = 0.85
 VRAM_USABLE_OF_TOTAL = 0.90
 APPLE_GPU_USABLE = 0.75
 DISK_MARGIN = 256 * 1024**2
-ROOMY_RAM = 0.75  # recommend() prefers RAM fits that need at most this share of the usable RAM
 
 
 class Fit(str, Enum):
@@ -57,9 +58,6 @@ class Fit(str, Enum):
     @property
     def label(self) -> str:
         return self.value
-
-
-_ORDER = {Fit.VRAM: 3, Fit.RAM: 2, Fit.UNKNOWN: 1, Fit.NONE: 0}
 
 
 @dataclass(frozen=True)
@@ -157,25 +155,22 @@ class Recommendation:
 
 def recommend(catalog: Catalog, hw: Hardware, *, on_disk: frozenset[str] | set[str] = frozenset(),
               sizes: dict[str, int] | None = None) -> Recommendation:
-    """The entry to preselect: the best fit (VRAM over RAM; from RAM, one that needs at most 75% of the
-    usable RAM over one that needs more), then the highest rank, then one already on disk. Entries
-    whose download does not fit on the disk are skipped. The bundled model is the answer when
-    nothing else fits, so there is always a recommendation.
+    """The entry to preselect: the strongest (highest rank, then already on disk) of the entries
+    that fit this machine, where "fits" means the estimate needs at most the usable memory (free
+    GPU memory, or 85% of the RAM: the rest stays free for the system) and the download fits on
+    the disk. One that fits in GPU memory beats stronger ones that would run from RAM, because it
+    runs several times faster; the reason then names the stronger one. The bundled model is the
+    answer when nothing else fits, so there is always a recommendation.
 
     on_disk: names of entries already installed or found in the HF cache; sizes: real sizes by name."""
     sizes = sizes or {}
-    best: tuple[tuple[int, ...], CatalogEntry, FitEstimate] | None = None
+    fitting: list[tuple[tuple[int, int], CatalogEntry, FitEstimate]] = []
     for entry in catalog:
         est = estimate_entry(entry, hw, size=sizes.get(entry.name), on_disk=entry.name in on_disk)
-        if entry.bundled or est.fit in (Fit.NONE, Fit.UNKNOWN) or est.disk_ok is False:
+        if entry.bundled or est.fit not in (Fit.VRAM, Fit.RAM) or est.disk_ok is False:
             continue
-        # from RAM, a model that leaves a quarter of the usable RAM free beats a stronger one that
-        # would leave the machine swapping whenever another program wakes up
-        roomy = est.fit is Fit.VRAM or (est.usable_ram is not None and est.need <= ROOMY_RAM * est.usable_ram)
-        key = (_ORDER[est.fit], int(roomy), entry.rank, int(entry.name in on_disk))
-        if best is None or key > best[0]:
-            best = (key, entry, est)
-    if best is None:
+        fitting.append(((entry.rank, int(entry.name in on_disk)), entry, est))
+    if not fitting:
         bundled = catalog.bundled
         est = estimate_entry(bundled, hw)
         if hw.ram_total is None:
@@ -183,9 +178,20 @@ def recommend(catalog: Catalog, hw: Hardware, *, on_disk: frozenset[str] | set[s
         else:
             why = "no catalog model fits this machine's memory and disk; the bundled model always works"
         return Recommendation(bundled, est, why)
-    _, entry, est = best
-    where = "in GPU memory" if est.fit is Fit.VRAM else "in RAM"
-    return Recommendation(entry, est, f"the strongest model that fits {where} ({est.reason})")
+    _, strongest, strongest_est = max(fitting, key=lambda f: f[0])
+    in_vram = [f for f in fitting if f[2].fit is Fit.VRAM]
+    if not in_vram:
+        return Recommendation(strongest, strongest_est,
+                              f"the strongest model that fits in RAM (it needs {format_bytes(strongest_est.need)} "
+                              f"of the {format_bytes(strongest_est.usable_ram)} usable: 85% of the RAM, the rest "
+                              f"stays free for the system)")
+    _, entry, est = max(in_vram, key=lambda f: f[0])
+    why = (f"the strongest model that fits in GPU memory (it needs {format_bytes(est.need)} of the "
+           f"{format_bytes(est.usable_vram)} usable)")
+    if entry is not strongest:
+        why += (f"; preferred for speed over {strongest.title}, which is stronger but would run from RAM, "
+                f"several times slower")
+    return Recommendation(entry, est, why)
 
 
 DEFAULT_CONTEXT = 4096

@@ -15,8 +15,16 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
-from dgchat.hub.errors import DownloadError, HubError, NotFoundOnHubError, TokenRequiredError
+from dgchat.hub.errors import (
+    DownloadError,
+    HubError,
+    NoNetworkError,
+    NotFoundOnHubError,
+    TokenRequiredError,
+    no_network_reason,
+)
 from dgchat.hub.offline import hub_network
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -61,12 +69,17 @@ class RemoteFile:
     git_sha1: str | None = None  # a git-stored file's ETag: sha1 of b"blob <size>\0" + content
 
 
-def describe_hub_error(exc: BaseException, repo: str, filename: str, revision: str, had_token: bool) -> HubError:
+def describe_hub_error(exc: BaseException, repo: str, filename: str, revision: str, had_token: bool,
+                       endpoint: str = "") -> HubError:
     """A huggingface_hub / httpx2 exception as a dgchat one-liner."""
     import httpx2
     from huggingface_hub import errors as hf
 
     where = f"{repo}/{filename}"
+    host = urlsplit(endpoint).hostname or endpoint or "the hub"
+    offline = no_network_reason(exc, host)
+    if offline is not None and not isinstance(exc, hf.HfHubHTTPError):
+        return NoNetworkError(f"no network connection: {offline}; nothing was downloaded", reason=offline)
     status = getattr(getattr(exc, "response", None), "status_code", None)
     if isinstance(exc, hf.GatedRepoError):
         if had_token and status == 403:
@@ -120,7 +133,7 @@ def resolve_remote(repo: str, filename: str, *, revision: str = "main", token: s
             meta = get_hf_file_metadata(url, token=tok if tok is not None else False, timeout=timeout,
                                         endpoint=base)
     except (hf.HfHubHTTPError, hf.OfflineModeIsEnabled, httpx2.TransportError, OSError) as exc:
-        raise describe_hub_error(exc, repo, filename, revision, tok is not None) from None
+        raise describe_hub_error(exc, repo, filename, revision, tok is not None, base) from None
     if not meta.commit_hash:
         raise DownloadError(f"{base} did not say which commit {repo}@{revision} is (no X-Repo-Commit header); "
                             "is HF_ENDPOINT a Hugging Face hub?")

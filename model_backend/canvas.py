@@ -10,7 +10,8 @@ import numpy as np
 
 def decided_length(state: np.ndarray) -> int:
     """How many positions from the start are decided: the part of an answer that stays if the
-    generation stopped now (everything up to the first undecided position)."""
+    generation stopped now (everything up to the first undecided position; cut at its first end
+    token, it is what a live canvas starts with: model_backend.canvas_view)."""
     undecided = np.flatnonzero(state == Cell.MASKED)
     return int(undecided[0]) if undecided.size else int(state.size)
 

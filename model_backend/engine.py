@@ -49,6 +49,8 @@ class DiffusionEngine:
         self._ctx_shape = (0, 1, 0)  # tokens per sequence, sequences, tokens per decode
         self._pieces: dict[int, str] = {}
         self._special_attr: dict[int, bool] = {}
+        self._special: dict[int, bool] = {}  # is_special, per token as asked (no vocabulary scan)
+        self._ends: frozenset[int] | None = None  # is_end (built on first use: subclasses add end ids)
         self._lock = threading.Lock()  # one generation at a time per engine
         self._eog = model.eog_ids()
         # the engine's diffusion head: the samplers' vocabulary-wide work in llama.cpp's graph
@@ -154,7 +156,21 @@ class DiffusionEngine:
         return self.model.detokenize(tokens, remove_special=False, unparse_special=False)
 
     def is_end(self, token: int) -> bool:
-        return bool(np.isin(token, self._eog))
+        """Whether `token` ends an answer (eos, end of turn, and the other end-of-generation ids)."""
+        ends = self._ends
+        if ends is None:
+            ends = self._ends = frozenset(int(t) for t in self._eog)
+        return int(token) in ends
+
+    def is_special(self, token: int) -> bool:
+        """Whether `token` is markup, never answer text: pad, bos, mask, end tokens, anything the
+        vocabulary marks control. The live canvas draws none of them as text. Cached per token:
+        the canvas asks about every position up to 30 times a second."""
+        cached = self._special.get(token)
+        if cached is None:
+            cached = self._special[int(token)] = (
+                self.is_end(token) or int(token) == self.info.mask_token or self.model.is_special(token))
+        return cached
 
     # -- parameters ---------------------------------------------------------------------------
     def resolve(self, params: DiffusionParams | None = None) -> DiffusionParams:

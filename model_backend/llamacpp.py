@@ -361,6 +361,7 @@ class LlamaModel:
         # llama.cpp offloads the output layer (the LM head) once every repeating layer is offloaded
         self.output_on_gpu = bool(_llama.llama_supports_gpu_offload()) and n_gpu_layers > self.n_layer
         self.is_diffusion_arch = bool(_llama.llama_model_is_diffusion(self._ptr))
+        self._named: frozenset[int] | None = None  # bos, eos, ... ids (is_special)
 
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
@@ -436,6 +437,26 @@ class LlamaModel:
             return False
         attr = int(_llama.llama_vocab_get_attr(self._vocab, int(token)))
         return bool(attr & (_llama.LLAMA_TOKEN_ATTR_CONTROL | _llama.LLAMA_TOKEN_ATTR_UNKNOWN))
+
+    def is_special(self, token: int) -> bool:
+        """Whether a token's text is markup, not answer text: control and unknown tokens (the ones
+        llama.cpp's detokenizer leaves out of an answer) and the ids the vocabulary names (bos,
+        eos, eot, pad, mask: a file may forget to mark these as control). Ids outside the
+        vocabulary count as special (they have no text)."""
+        if not 0 <= int(token) < self.n_vocab:
+            return True
+        if int(token) in self._named_ids():
+            return True
+        attr = int(_llama.llama_vocab_get_attr(self._vocab, int(token)))
+        return bool(attr & (_llama.LLAMA_TOKEN_ATTR_CONTROL | _llama.LLAMA_TOKEN_ATTR_UNKNOWN))
+
+    def _named_ids(self) -> frozenset[int]:
+        named = self._named
+        if named is None:
+            fns = (_llama.llama_vocab_bos, _llama.llama_vocab_eos, _llama.llama_vocab_eot, _llama.llama_vocab_pad,
+                   _llama.llama_vocab_mask)
+            named = self._named = frozenset(t for t in (self._special(fn) for fn in fns) if t is not None)
+        return named
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> np.ndarray:
         raw = text.encode("utf-8")

@@ -25,6 +25,11 @@ MAX_GEN_LENGTH = 8192  # canvas length: tokens decoded in one non-causal batch
 MAX_TOKENS = 1 << 20  # longest answer over all canvases (the context bounds it further)
 MAX_TOP_K = 1 << 22  # larger than any vocabulary llama.cpp loads
 MAX_SCALE = 1000.0  # temperature, cfg scale, alg_temp, factor, t_min / t_max
+# The samplers multiply float32 logits by 1 / temperature: below about 3e-39 that reciprocal is inf
+# (and 1e-320 is inf even in double), the logits become inf and NaN (numpy's "overflow encountered
+# in cast" / "invalid value encountered in multiply", the engine's head silently draws garbage).
+# Far above that edge, and far below any useful setting; 0 is greedy decoding.
+MIN_TEMPERATURE = 1e-6
 MAX_BUDGET = 1e12  # entropy bound, confidence threshold (finite, else unbounded in meaning only)
 MAX_SEED = (1 << 64) - 1
 MAX_LOGIT_BIAS = 65536  # entries (banned words expand to every token form of the word)
@@ -138,6 +143,8 @@ class DiffusionParams:
             bad(f"--eps must be in [0, 1) (got {self.eps})")
         if self.temperature is not None and self.temperature < 0:
             bad(f"--temperature must be >= 0 (got {self.temperature})")
+        if self.temperature is not None and 0 < self.temperature < MIN_TEMPERATURE:
+            bad(f"--temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g} (got {self.temperature:g})")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             bad(f"--top-p must be in (0, 1] (got {self.top_p})")
         if self.cfg_scale < 0:
@@ -177,6 +184,11 @@ class DiffusionParams:
             bad(f"--entropy-bound must be > 0 (got {self.entropy_bound})")
         if self.t_min is not None and self.t_max is not None and not 0 <= self.t_min < self.t_max:
             bad(f"need 0 <= t_min < t_max (got t_min={self.t_min}, t_max={self.t_max})")
+        # the schedule's temperatures run from t_max down to t_min + (t_max - t_min) / steps
+        if self.t_max is not None and 0 <= self.t_max < MIN_TEMPERATURE:
+            bad(f"--t-max must be at least {MIN_TEMPERATURE:g} (got {self.t_max:g})")
+        if self.t_min is not None and 0 < self.t_min < MIN_TEMPERATURE:
+            bad(f"--t-min must be 0 or at least {MIN_TEMPERATURE:g} (got {self.t_min:g})")
         if self.steps is not None and self.block_length and self.gen_length and self.mode == "dgchat":
             n_blocks = self.gen_length // self.block_length
             if self.threshold is None and self.factor is None and self.steps % n_blocks:

@@ -142,6 +142,7 @@ class ApiServer:
         self._stopped = asyncio.Event()
         self._npc = None
         self._npc_lock = threading.Lock()
+        self._details: dict[str, Any] | None = None
         self.address: tuple[str, int] | None = None
         self.max_head = MAX_HEAD
         self.app = build_app(self, [
@@ -224,9 +225,38 @@ class ApiServer:
     def _model_object(self) -> dict[str, Any]:
         return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "dgchat",
                 "dgchat": {"architecture": self.engine.info.architecture, "context_length": int(self.engine.n_ctx_max),
-                           "engine": self.engine.label}}
+                           "engine": self.engine.label, **self._model_details()}}
+
+    def _model_details(self) -> dict[str, Any]:
+        """What a remote client (dgchat.remote) needs to stand in for the engine: the model's
+        resolved default settings, its mask and end tokens, and the identity NPC exports record."""
+        if self._details is None:
+            from dgchat.npc.generator import ModelMeta
+
+            engine = self.engine
+            try:
+                defaults = engine.resolve().as_dict()
+            except DgchatError:  # a model whose defaults do not resolve still lists (its requests will say why)
+                defaults = {}
+            for key in ("seed", "logit_bias"):
+                defaults.pop(key, None)
+            mask = engine.info.mask_token
+            self._details = {
+                "name": engine.info.name, "family": engine.info.family,
+                "uniform_state": bool(engine.info.uniform_state),
+                "mask_token": None if mask is None else int(mask),
+                "end_tokens": sorted(int(t) for t in engine.model.eog_ids()),
+                "n_vocab": int(engine.model.n_vocab), "defaults": defaults,
+                # the model's own recommended settings and KV memory: a client resolves settings as the
+                # engine does (dgchat.remote.engine.RemoteEngine.resolve)
+                "model_defaults": dict(engine.info.defaults), "has_kv_memory": bool(engine.info.has_kv_memory),
+                "file": ModelMeta.from_engine(engine).as_dict(),
+            }
+        return self._details
 
     async def _models(self, request: Request) -> Response:
+        if self._details is None:  # reads the model file's ends once: off the event loop
+            await asyncio.get_running_loop().run_in_executor(None, self._model_details)
         return json_response({"object": "list", "data": [self._model_object()]})
 
     async def _model(self, request: Request) -> Response:
@@ -234,6 +264,8 @@ class ApiServer:
         if wanted != self.model_id:
             raise ApiError(404, f"no model {escape(wanted, 200)!r}; this server has {self.model_id!r}",
                            code="model_not_found")
+        if self._details is None:
+            await asyncio.get_running_loop().run_in_executor(None, self._model_details)
         return json_response(self._model_object())
 
     async def _health(self, request: Request) -> Response:
@@ -388,7 +420,11 @@ class ApiServer:
                 yield SSE_DONE
                 return
             for r in results:
-                yield sse(chunk(r.index, None, r.finish_reason))
+                last = chunk(r.index, None, r.finish_reason)
+                if plan.final:  # dgchat.remote rebuilds the engine's FinalEvent from this
+                    last["dgchat"] = {"choice": r.index, "final": True, "tokens": r.tokens,
+                                      "stop_reason": r.stop_reason, "stats": r.stats}
+                yield sse(last)
             if plan.include_usage:
                 yield sse({**head, "object": chunk_obj, "choices": [], "usage": self._usage(plan, results)})
             yield SSE_DONE
@@ -410,22 +446,30 @@ class ApiServer:
 
     def _prepare_infill(self, body: Any):
         from dgchat.npc.cards import find_card, load_cards, parse_card
-        from dgchat.npc.generator import LineSpec
+        from dgchat.npc.generator import LENGTH_PRESETS, MAX_COUNT, MAX_LINE_TOKENS, LineSpec
         from dgchat.npc.templates import parse_template
 
         if not isinstance(body, dict):
             raise openai_api.bad("the request body must be a JSON object")
-        known = {"template", "variables", "character", "context", "situation", "n", "seed", "temperature", "top_p",
-                 "model", "max_attempts", "dgchat", "user"}
+        known = {"template", "length", "variables", "character", "context", "situation", "n", "seed", "temperature",
+                 "top_p", "model", "max_attempts", "dgchat", "user"}
         unknown = [k for k in body if k not in known]
         if unknown:
             name = unknown[0][:40]
             raise openai_api.bad(f"unknown field `{name}` (known: {', '.join(sorted(known))})", name)
         template = body.get("template")
-        if not isinstance(template, str) or not template:
+        length = body.get("length")
+        if template is None and length is not None:  # a free line: no template, a length budget
+            if not ((isinstance(length, str) and length in LENGTH_PRESETS) or (
+                    isinstance(length, int) and not isinstance(length, bool) and 1 <= length <= MAX_LINE_TOKENS)):
+                raise openai_api.bad(f"`length` must be one of {', '.join(LENGTH_PRESETS)} or 1..{MAX_LINE_TOKENS} "
+                                     "tokens", "length")
+        elif length is not None:
+            raise openai_api.bad("give `template` (a line with holes) or `length` (a free line), not both", "length")
+        elif not isinstance(template, str) or not template:
             raise openai_api.bad("`template` must be a non-empty string, e.g. \"Halt, {player}! None may pass the "
-                                 "{___} after dark.\"", "template")
-        if len(template) > MAX_TEMPLATE:
+                                 "{___} after dark.\" (or give `length` for a free line)", "template")
+        if template is not None and len(template) > MAX_TEMPLATE:
             raise openai_api.bad(f"`template` must be at most {MAX_TEMPLATE} characters", "template")
         variables = body.get("variables", {})
         if not isinstance(variables, dict) or not all(
@@ -445,18 +489,22 @@ class ApiServer:
         for key in ("context", "situation"):
             if not isinstance(body.get(key, ""), str):
                 raise openai_api.bad(f"`{key}` must be a string", key)
-        n = openai_api._int(body, "n", 1, 16, 1)
+        n = openai_api._int(body, "n", 1, MAX_COUNT, 1)
         max_attempts = openai_api._int(body, "max_attempts", 1, 8, 4)
         ext = openai_api.parse_dgchat(body, self.engine)
-        ext.pop("canvas", None)
+        for key in openai_api.STREAM_KEYS:
+            ext.pop(key, None)
         params = DiffusionParams(temperature=openai_api._float(body, "temperature", 0.0, 2.0),
                                  top_p=openai_api.parse_top_p(body), **ext)
         params.validate()
         spec = LineSpec(card=card, context=body.get("context", ""), situation=body.get("situation", ""),
                         template=template, variables={str(k): str(v) for k, v in variables.items()}, count=n,
-                        seed=openai_api.parse_seed(body), params=params)
+                        seed=openai_api.parse_seed(body), params=params,
+                        **({"length": length} if length is not None else {}))
         spec.validate()
         generator = self._generator()
+        if template is None:
+            return spec, int(generator.prompt(spec).size), max_attempts
         filled = parse_template(template).fill(spec.variables)
         if not filled.holes:
             raise openai_api.bad("`template` has no hole ({___}): nothing for the model to fill", "template")
@@ -480,14 +528,18 @@ class ApiServer:
         choices = []
         completion = 0
         for v in batch.variants:
-            completion += sum(h.tokens for h in v.holes)
+            completion += sum(h.tokens for h in v.holes) if v.holes else len(v.tokens)  # a free line: its tokens
             choices.append({"index": v.index, "text": v.text, "holes": [{"text": h.text, "tokens": h.tokens}
                                                                        for h in v.holes],
                             "seed": v.seed, "attempt": v.attempt, "score": v.score,
-                            "finish_reason": "rejected" if v.problem else "stop", "problem": v.problem})
+                            "finish_reason": "rejected" if v.problem else "stop", "problem": v.problem,
+                            # what an export records (dgchat npc --server rebuilds the LineBatch from these)
+                            "stop_reason": v.stop_reason, "tokens": v.tokens, "settings": v.settings,
+                            "length_scores": [[list(lengths), score] for lengths, score in v.length_scores]})
         return json_response({"id": f"infill-{secrets.token_hex(12)}", "object": "dgchat.infill",
                               "created": int(time.time()), "model": self.model_id, "character": spec.card.id,
                               "choices": choices,
+                              "dgchat": {"settings": batch.settings, "model": batch.model.as_dict()},
                               "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                                         "total_tokens": prompt_tokens + completion}})
 

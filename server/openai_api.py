@@ -9,7 +9,9 @@ prompt and the fixed suffix. Diffusion-only settings go in an extension object `
 
 Streaming: a diffusion model decides positions in any order, so a chunk carries the newly decided
 *left prefix* of the answer (every position up to the first undecided one), as text deltas; with
-`"dgchat": {"canvas": true}` every step also sends the whole canvas in a `dgchat` field.
+`"dgchat": {"canvas": true}` every step also sends the whole canvas in a `dgchat` field, and
+`"dgchat": {"final": true}` (implied by canvas) puts each choice's tokens, engine stop reason and
+statistics on its finishing chunk: what dgchat.remote needs to stand in for a local engine.
 """
 
 from __future__ import annotations
@@ -68,7 +70,10 @@ _DGCHAT_KEYS: dict[str, tuple[type, Any, Any, bool, bool]] = {
     "t_min": (float, 0.0, 10.0, False, False),
     "t_max": (float, 0.0, 10.0, False, False),
     "canvas": (bool, None, None, False, False),
+    "final": (bool, None, None, False, False),
 }
+# keys of the extension that are about the response, not the sampler
+STREAM_KEYS = ("canvas", "final")
 # alg_temp draws positions from softmax(confidence / alg_temp): a tiny one underflows every weight
 # but the largest to 0, and the draw of n positions fails; 0 selects deterministically instead
 MIN_ALG_TEMP = 0.05
@@ -247,7 +252,7 @@ def parse_top_p(body: dict) -> float | None:
 
 
 def base_params(body: dict, ext: dict[str, Any], logit_bias: tuple) -> DiffusionParams:
-    sampler = {k: v for k, v in ext.items() if k != "canvas"}
+    sampler = {k: v for k, v in ext.items() if k not in STREAM_KEYS}
     return DiffusionParams(
         temperature=_float(body, "temperature", 0.0, 2.0),
         top_p=parse_top_p(body),
@@ -343,9 +348,16 @@ class TextStreamer:
 
 
 def decided_prefix(event: StepEvent, limit: int | None = None) -> np.ndarray:
-    """The answer's tokens up to the first undecided position (masked: still a mask; uniform-state:
-    a draft not yet accepted), at most `limit` of them (the canvas may be longer than max_tokens)."""
-    prefix = np.concatenate([event.answer_tokens, event.canvas.decided_prefix()]).astype(np.int32)
+    """The answer's tokens that will not change any more, at most `limit` of them (the canvas may
+    be longer than max_tokens). Masked diffusion: up to the first undecided (still masked) position.
+    Uniform-state diffusion (DiffusionGemma): only the answer's finished canvases, because its
+    sampler may still revise a position it had accepted (its state goes back to undecided, or its
+    token changes) until the canvas is done; text streamed from such a position could not be taken
+    back, and the answer would not be the text of its own tokens."""
+    if event.uniform_state:
+        prefix = np.asarray(event.answer_tokens, dtype=np.int32)
+    else:
+        prefix = np.concatenate([event.answer_tokens, event.canvas.decided_prefix()]).astype(np.int32)
     return prefix if limit is None else prefix[:limit]
 
 
@@ -364,6 +376,7 @@ class GenPlan:
     limit: int  # the answer's token budget (max_tokens; with a suffix, the canvas positions before it)
     template: CanvasTemplate | None = None  # completions with a suffix
     echo: str = ""
+    final: bool = False  # the finishing chunk of each choice carries its tokens, stop reason and stats
 
     @property
     def n(self) -> int:
@@ -377,6 +390,8 @@ class ChoiceResult:
     finish_reason: str
     completion_tokens: int
     stats: dict[str, Any] = field(default_factory=dict)
+    tokens: list[int] = field(default_factory=list)  # the answer's tokens (cut at the end token)
+    stop_reason: str = ""  # the engine's: "eos" | "max_tokens" | "complete" | "cancelled"
 
 
 def _messages(body: dict) -> list[dict[str, str]]:
@@ -470,7 +485,8 @@ def prepare_chat(body: dict, engine: Any) -> GenPlan:
         raise _params_error(exc) from None
     params = [replace(first, seed=seed + i) for i in range(n)]
     plan = GenPlan("chat", prompt, params, parse_stop(body), bool(body.get("stream", False)), _stream_options(body),
-                   bool(ext.get("canvas", False)), seed, max_tokens)
+                   bool(ext.get("canvas", False)), seed, max_tokens,
+                   final=bool(ext.get("canvas", False) or ext.get("final", False)))
     return _finish_plan(engine, plan)
 
 
@@ -529,7 +545,8 @@ def prepare_completion(body: dict, engine: Any) -> GenPlan:
         raise _params_error(exc) from None
     params = [replace(first, seed=seed + i) for i in range(n)]
     plan = GenPlan("text", prompt, params, parse_stop(body), bool(body.get("stream", False)), _stream_options(body),
-                   bool(ext.get("canvas", False)), seed, max_tokens, template, prompt_text if echo else "")
+                   bool(ext.get("canvas", False)), seed, max_tokens, template, prompt_text if echo else "",
+                   final=bool(ext.get("canvas", False) or ext.get("final", False)))
     return _finish_plan(engine, plan)
 
 
@@ -582,18 +599,40 @@ def run_plan(plan: GenPlan, engine: Any, cancel: Any, emit: Callable[[Any], None
         reason = "stop" if (s.cut is not None or final.stop_reason in ("eos", "complete") or s.ended) else "length"
         if plan.template is not None and s.cut is None:
             reason = "length"  # infill: the completion filled its span
-        results.append(ChoiceResult(i, s.final_text, reason, s.completion_tokens, final.stats.as_dict()))
+        results.append(ChoiceResult(i, s.final_text, reason, s.completion_tokens, final.stats.as_dict(),
+                                    [int(t) for t in final.tokens[: plan.limit]], final.stop_reason))
     return results
 
 
 def _canvas_payload(engine: Any, event: StepEvent, index: int) -> dict[str, Any]:
+    """One step of one choice, for `"dgchat": {"canvas": true}` streams: what a client needs to
+    draw the canvas (model_backend.canvas_view) and to rebuild the StepEvent (dgchat.remote).
+    `answer_tokens` (the answer's earlier canvases) comes with the first step of each canvas only;
+    `answer_length` every step, so a client can tell it has them all."""
     mask = engine.info.mask_token
-    tokens = event.canvas.tokens
-    return {
+    tokens = [int(t) for t in event.canvas.tokens]
+    special = getattr(engine, "is_special", None)
+    payload: dict[str, Any] = {
         "choice": index,
         "step": event.step,
         "total_steps": event.total_steps,
         "canvas_index": event.canvas_index,
-        "canvas": [None if (mask is not None and int(t) == mask) else engine.piece(int(t)) for t in tokens],
+        "canvas": [None if (mask is not None and t == mask) else engine.piece(t) for t in tokens],
         "state": [int(x) for x in event.canvas.state],
+        "tokens": tokens,
+        "canvas_step": event.canvas_step,
+        "committed": int(event.committed),
+        "uniform_state": bool(event.uniform_state),
+        "elapsed_s": round(float(event.elapsed_s), 4),
+        "timing": {"model_ms": round(float(event.timing.model_ms), 3),
+                   "sampler_ms": round(float(event.timing.sampler_ms), 3)},
+        "answer_length": int(event.answer_tokens.size),
     }
+    if event.canvas_step == 1:
+        answer = [int(t) for t in event.answer_tokens]
+        payload["answer_tokens"] = answer
+        payload["answer_text"] = [engine.piece(t) for t in answer]
+    seen = set(tokens) | set(payload.get("answer_tokens", ()))
+    # which of the tokens shown are markup (never drawn as text): the client has no vocabulary
+    payload["special"] = sorted(t for t in seen if special is not None and special(t))
+    return payload

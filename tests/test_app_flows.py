@@ -122,7 +122,7 @@ async def test_escape_stops_at_once_and_keeps_the_partial_answer(home, llada_ggu
         assert "stopped" in str(view.query_one(".message--header").render())
 
 
-async def test_regenerate_replaces_the_last_answer(home, llada_gguf):
+async def test_regenerate_shows_a_new_version_and_keeps_the_old(home, llada_gguf):
     app = make_app(llada_gguf)
     async with app.run_test(size=SIZE) as pilot:
         await wait_model(pilot)
@@ -139,7 +139,10 @@ async def test_regenerate_replaces_the_last_answer(home, llada_gguf):
         assert after[0].id == before[0].id
         assert after[1].id != before[1].id
         assert after[1].content == before[1].content  # temperature 0: the same answer again
+        assert (after[1].version, after[1].versions) == (2, 2)
+        assert [v.id for v in app.store.versions(after[1].id)] == [before[1].id, after[1].id]
         assert len(screen.query(".message")) == 2
+        assert "‹ 2/2 ›" in str(screen.view_for(after[1].id).query_one(".message--header").render())
 
 
 async def test_edit_an_earlier_prompt_and_rerun(home, llada_gguf):
@@ -160,7 +163,7 @@ async def test_edit_an_earlier_prompt_and_rerun(home, llada_gguf):
         from dgchat.app.edit_modal import EditModal
 
         assert isinstance(app.screen, EditModal)
-        assert app.screen.later == 3
+        assert "keeps the earlier version" in str(app.screen.query_one(".dialog--help").render())
         area = app.screen.query_one("#edit-text")
         area.load_text("one, edited")
         await pilot.press("ctrl+s")
@@ -169,9 +172,21 @@ async def test_edit_an_earlier_prompt_and_rerun(home, llada_gguf):
         after = app.store.messages(screen.chat.id)
         assert [(m.role, m.content if m.role == "user" else "") for m in after] == [
             ("user", "one, edited"), ("assistant", "")]
-        assert after[0].id == messages[0].id
+        assert (after[0].version, after[0].versions) == (2, 2)
         assert after[1].status == "done"
         assert len(screen.query(".message")) == 2
+        # the prompt box has the focus again (not the message the edit started from, now gone)
+        await pilot.pause()
+        assert app.focused is screen.query_one("#prompt")
+        # the edited prompt is a new version: the old one and its whole continuation are kept
+        edited = screen.view_for(after[0].id)
+        assert "‹ 2/2 ›" in str(edited.query_one(".message--header").render())
+        edited.focus()
+        await pilot.press("left_square_bracket")
+        await pilot.pause()
+        assert [m.id for m in app.store.messages(screen.chat.id)] == [m.id for m in messages]
+        assert [v.message.id for v in screen.query(".message")] == [m.id for m in messages]
+        assert app.focused is screen.view_for(messages[0].id)
 
 
 async def test_up_recalls_earlier_prompts(home, llada_gguf):

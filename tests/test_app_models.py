@@ -1,19 +1,25 @@
 """The Models screen (F4 / palette) under Pilot: list, pull with pause and resume, verify, use,
-remove, import — against the local hub server."""
+remove, import — against the local hub server; the question before any download, keys and buttons
+only where they apply, one word per action, and a layout that fits 140x40, 80x24 and 60x20."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
-from fixtures.app_harness import FAST_SAMPLER, make_app, wait_for, wait_model
-from fixtures.hub_fixtures import hf_home, hub, model_bytes, model_file  # noqa: F401
-from fixtures.wizard_harness import DREAM, DREAM_NAME, SIZE, first_run_home, panel_text, press
-
 from dgchat.app.config import load_config
 from dgchat.app.models_screen import ModelsScreen
 from dgchat.hub import download as dl
+from fixtures.app_harness import FAST_SAMPLER, make_app, wait_for, wait_model
+from fixtures.hub_fixtures import hf_home, hub, model_bytes, model_file  # noqa: F401
+from fixtures.wizard_harness import (
+    DREAM,
+    DREAM_NAME,
+    SIZE,
+    first_run_home,
+    panel_text,
+    press,
+)
 
 
 @pytest.fixture
@@ -46,6 +52,18 @@ async def _select(pilot, screen: ModelsScreen, name: str) -> None:
     assert screen.selected.name == name
 
 
+async def _confirm_download(pilot) -> str:
+    """The question before a download is up: answer Download; returns its text."""
+    from dgchat.app.confirm_modal import ConfirmModal
+
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, ConfirmModal), what="the download question")
+    modal = pilot.app.screen
+    body = str(modal.query_one(".dialog--body").render())
+    assert modal.query_one("#yes").label.plain == "Download"
+    await press(pilot, "#yes")
+    return body
+
+
 async def test_pull_pause_resume_verify_use_and_remove(env, hub):
     f = hub.add_file(*DREAM, model_bytes())
     f.stall_at = 2_000_000
@@ -66,6 +84,7 @@ async def test_pull_pause_resume_verify_use_and_remove(env, hub):
         await _select(pilot, screen, DREAM_NAME)
         assert "Shell: dgchat models pull dream-v0-instruct-7b-q4_k_m" in str(screen.query_one("#models-detail").render())
         await pilot.press("p")
+        await _confirm_download(pilot)
         await wait_for(pilot, lambda: screen.hub_task is not None and screen.hub_task.last is not None
                        and screen.hub_task.last.done >= 2_000_000, what="the stall")
         assert screen.query_one("#m-cancel").display
@@ -73,10 +92,14 @@ async def test_pull_pause_resume_verify_use_and_remove(env, hub):
         await wait_for(pilot, lambda: screen.hub_task is None, what="the pause")
         await pilot.pause()
         assert "Paused at 1.9 MiB of 4.2 MiB" in panel_text(screen, "status")
-        assert screen.selected.status == "partial" and screen.query_one("#m-pull").label.plain == "Resume"
+        assert "Pull continues from there" in panel_text(screen, "status")
+        assert screen.selected.status == "partial" and screen.query_one("#m-pull").label.plain == "Pull"
+        assert "Pull continues it from there" in str(screen.query_one("#models-detail").render())
         f.stall_at = None
         hub.release_stall.set()
         await press(pilot, "#m-pull")
+        body = await _confirm_download(pilot)
+        assert "2.3 MiB still to download (a paused download holds 1.9 MiB of 4.2 MiB)" in body
         await wait_for(pilot, lambda: screen.hub_task is None and screen.selected.status == "installed",
                        what="the resumed download")
         assert "Resumed at 1.9 MiB" in panel_text(screen, "result")
@@ -153,3 +176,144 @@ async def test_import_from_disk_and_the_palette_command(env, hub, tmp_path):
         assert mine.exists()  # an imported original is never deleted
     assert hub.log == []  # nothing here went online
     assert Path(mine).read_bytes() == model_file().read_bytes()
+
+
+def _footer(screen) -> dict[str, str]:
+    """The keys the footer shows: key -> description (greyed ones included)."""
+    from textual.widgets._footer import FooterKey
+
+    return {k.key: k.description for k in screen.query(FooterKey)}
+
+
+async def _footer_is(pilot, screen, keys: set[str]) -> None:
+    shown = {"escape", "u", "p", "c", "v", "d", "i"}
+    await wait_for(pilot, lambda: set(_footer(screen)) & shown == keys, what=f"the footer to show {sorted(keys)}")
+
+
+def _notices(app) -> list[str]:
+    notices: list[str] = []
+    app.notify = lambda message, **kw: notices.append(str(message))  # type: ignore[method-assign]
+    return notices
+
+
+async def test_a_download_is_asked_about_first_and_no_downloads_nothing(env, hub):
+    """u on a catalog model that is not here, p, and both buttons: each asks, naming the model, its
+    size and the free disk; answering no downloads nothing (the hub sees no request)."""
+    from dgchat.app.confirm_modal import ConfirmModal
+
+    hub.add_file(*DREAM, model_bytes())
+    app = make_app(None)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_model(pilot)
+        screen = await _open(pilot)
+        await _select(pilot, screen, DREAM_NAME)
+        for how in ("u", "p", "#m-use", "#m-pull", "enter"):
+            if how.startswith("#"):
+                await press(pilot, how)
+            else:
+                screen.query_one("#models-table").focus()  # enter on the table's row = Use
+                await pilot.press(how)
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal), what=f"the question after {how}")
+            modal = app.screen
+            body = str(modal.query_one(".dialog--body").render())
+            assert body == ("Dream v0 Instruct 7B, Q4_K_M: ≈4.4 GiB to download from the Hugging Face hub "
+                            "(bartowski/Dream-org_Dream-v0-Instruct-7B-GGUF).\n"
+                            "Disk: needs 4.4 GiB in ~/dgchat-home/data/models; 200.0 GiB free there."), body
+            title = str(modal.query_one(".dialog--title").render())
+            assert title == ("Download this model?" if how in ("p", "#m-pull") else "Download and use this model?")
+            if how == "#m-pull":
+                await press(pilot, "#no")
+            else:
+                await pilot.press("escape")
+            await wait_for(pilot, lambda: app.screen is screen, what="the answer")
+            assert screen.hub_task is None and screen.selected.status == "available"
+        assert not (env / "data" / "models" / ".partial").exists()
+        assert not (env / "data" / "models" / DREAM[1]).exists()
+    assert hub.log == []  # the local hub served nothing
+
+
+async def test_keys_and_buttons_only_where_they_apply(env, hub):
+    """The bundled row has nothing to pull, verify or remove: the footer does not list p/v/d, the
+    buttons are not there, and the keys pressed anyway say why. Moving the selection updates both."""
+    app = make_app(None)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_model(pilot)
+        screen = await _open(pilot)
+        notices = _notices(app)
+        await _select(pilot, screen, "dgchat-tiny-plays")
+        await _footer_is(pilot, screen, {"escape", "u", "i"})
+        shown = [b.id for b in screen.query("#models-buttons Button") if b.display]
+        assert shown == ["m-use", "m-import"]
+        for key, why in (("p", "dgchat tiny (bundled) ships with dgchat: there is nothing to pull."),
+                         ("v", "dgchat tiny (bundled) ships with dgchat: there is no download to verify."),
+                         ("d", "dgchat tiny (bundled) ships with dgchat and cannot be removed."),
+                         ("c", "Nothing is being downloaded or checked right now.")):
+            await pilot.press(key)
+            await pilot.pause()
+            assert notices[-1] == why
+            assert app.screen is screen and screen.hub_task is None
+        assert len(notices) == 4
+
+        await _select(pilot, screen, DREAM_NAME)  # not here yet: pull and use, nothing to verify or remove
+        await _footer_is(pilot, screen, {"escape", "u", "p", "i"})
+        assert [b.id for b in screen.query("#models-buttons Button") if b.display] == ["m-use", "m-pull", "m-import"]
+        await pilot.press("v")
+        await pilot.pause()
+        assert notices[-1] == ("Dream v0 Instruct 7B, Q4_K_M is not on this machine: Pull (p) downloads and "
+                               "verifies it.")
+    assert hub.log == []
+
+
+async def test_one_word_per_action_for_a_model_in_the_hf_cache(env, hub, hf_home):
+    """A GGUF found in the Hugging Face cache: its button and its key both say Pull (getting it needs
+    no download, so no question); once added it is an installed model with Use, Verify and Remove."""
+    from dgchat.hub.offline import hub_network
+    from fixtures.hub_fixtures import FILE, REPO
+    from huggingface_hub import hf_hub_download
+    from textual.widgets import Button
+
+    with hub_network():
+        hf_hub_download(REPO, FILE, endpoint=hub.endpoint, cache_dir=str(hf_home / "hub"))
+    n = len(hub.log)
+    app = make_app(None)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_model(pilot)
+        screen = await _open(pilot)
+        cached = next(r for r in screen.rows if r.entry is None and r.status == "in HF cache")
+        await _select(pilot, screen, cached.name)
+        await _footer_is(pilot, screen, {"escape", "u", "p", "i"})
+        assert _footer(screen)["p"] == "Pull" and screen.query_one("#m-pull", Button).label.plain == "Pull"
+        labels = {str(b.label) for b in screen.query(Button)}
+        assert "Add" not in labels and "Resume" not in labels
+        await pilot.press("p")
+        await wait_for(pilot, lambda: screen.hub_task is None and screen.selected.status == "installed",
+                       what="the model added from the cache")
+        assert screen.selected.entry is None and "Added as" in panel_text(screen, "result")
+        await _footer_is(pilot, screen, {"escape", "u", "v", "d", "i"})
+        assert [b.id for b in screen.query("#models-buttons Button") if b.display] == \
+            ["m-use", "m-verify", "m-remove", "m-import"]
+    assert len(hub.log) == n  # from the cache: nothing downloaded
+
+
+@pytest.mark.parametrize("size", [(140, 40), (80, 24), (60, 20)])
+async def test_the_screen_fits_the_terminal(env, hub, size):
+    """No table column runs off the right edge, and every button shows its whole label."""
+    from textual.widgets import Button, DataTable
+
+    app = make_app(None)
+    async with app.run_test(size=size) as pilot:
+        await wait_model(pilot)
+        screen = await _open(pilot)
+        for name in (DREAM_NAME, "dgchat-tiny-plays"):
+            await _select(pilot, screen, name)
+            await pilot.pause()
+            table = screen.query_one(DataTable)
+            assert table.virtual_size.width <= table.scrollable_content_region.width, (size, table.virtual_size)
+            for button in screen.query("#models-buttons Button").results(Button):
+                if button.display:
+                    assert button.content_region.width >= len(button.label.plain), (size, button.label)
+                    assert button.region.right <= size[0]
+            rendered = [str(table.get_row_at(i)[1]) for i in range(len(screen.rows))]
+            assert len(set(rendered)) == len(rendered)  # cut titles still tell the rows apart
+        if size[0] < 70:
+            assert "Where" not in [str(c.label) for c in table.columns.values()]

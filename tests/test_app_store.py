@@ -133,6 +133,78 @@ def test_upgrade_from_schema_1_keeps_and_indexes_old_messages(db):
         assert store.search("scroll")[0].message_id == message.id
 
 
+def test_upgrade_from_schema_2_keeps_each_chat_as_one_conversation(db):
+    """A database written before answer versions (schema 2) opens with every message kept, in
+    order, each chat one chain of single versions, still searchable, and takes versions from then on."""
+    with Store(db, upgrade_to=2) as old:
+        assert old.schema_version == 2
+    raw = sqlite3.connect(db)
+    raw.execute("INSERT INTO chats(title, created_at, updated_at) VALUES ('old chat', 1, 1)")
+    raw.execute("INSERT INTO chats(title, created_at, updated_at) VALUES ('other chat', 1, 1)")
+    rows = [(1, "user", "first question"), (2, "user", "elsewhere"), (1, "assistant", "first answer"),
+            (1, "user", "second question"), (2, "assistant", "over there"), (1, "assistant", "second answer")]
+    for chat_id, role, content in rows:  # interleaved ids: each chat's chain must stay within it
+        raw.execute("INSERT INTO messages(chat_id, role, content, status, meta, created_at) VALUES (?, ?, ?, 'done', "
+                    "'{\"stats\": {\"tokens\": 2}}', 1)", (chat_id, role, content))
+    raw.commit()
+    raw.close()
+    with Store(db) as store:
+        assert store.schema_version == SCHEMA_VERSION == 3
+        first = store.messages(1)
+        assert [m.content for m in first] == ["first question", "first answer", "second question", "second answer"]
+        assert [m.parent_id for m in first] == [None, first[0].id, first[1].id, first[2].id]
+        assert all((m.version, m.versions, m.meta) == (1, 1, {"stats": {"tokens": 2}}) for m in first)
+        assert [m.content for m in store.messages(2)] == ["elsewhere", "over there"]
+        assert [h.message_id for h in store.search("second answer")] == [first[3].id]
+        again = store.begin_answer(1, version_of=first[3].id)
+        assert [m.id for m in store.messages(1)] == [m.id for m in first[:3]] + [again.id]
+        assert [v.id for v in store.versions(again.id)] == [first[3].id, again.id]
+        assert store.integrity_ok()
+
+
+def test_versions_of_a_turn_and_the_conversation_shown(db):
+    with Store(db) as store:
+        chat = store.create_chat()
+        q = store.add_message(chat.id, "user", "the question")
+        a1 = store.add_message(chat.id, "assistant", "first answer")
+        a2 = store.begin_answer(chat.id, version_of=a1.id)  # regenerate
+        store.finish_answer(a2.id, "second answer", "done")
+        shown = store.messages(chat.id)
+        assert [m.id for m in shown] == [q.id, a2.id]
+        assert [(m.version, m.versions) for m in shown] == [(1, 1), (2, 2)]
+        assert (store.get_message(a1.id).version, store.get_message(a1.id).versions) == (1, 2)
+        # the version shown is the conversation: a new prompt continues it
+        store.show_version(a1.id)
+        assert [m.content for m in store.messages(chat.id)] == ["the question", "first answer"]
+        follow = store.add_message(chat.id, "user", "and then?")
+        assert follow.parent_id == a1.id
+        store.show_version(a2.id)
+        assert [m.id for m in store.messages(chat.id)] == [q.id, a2.id]  # that branch has no follow-up
+        store.show_version(follow.id)  # showing a message shows the versions leading to it (search hits)
+        assert [m.id for m in store.messages(chat.id)] == [q.id, a1.id, follow.id]
+        # search finds every version; export writes the one shown, saying which
+        assert {h.message_id for h in store.search("answer")} == {a1.id, a2.id}
+        text = chat_markdown(store.get_chat(chat.id), store.messages(chat.id))
+        assert "first answer" in text and "second answer" not in text
+        assert "## Assistant (version 1 of 2)\n\nfirst answer" in text and "## You\n\nthe question" in text
+        # an edited prompt is a version of its turn: the old prompt keeps its whole continuation
+        q2 = store.add_message(chat.id, "user", "the question, edited", version_of=q.id)
+        assert q2.parent_id is None and (q2.version, q2.versions) == (2, 2)
+        assert [m.id for m in store.messages(chat.id)] == [q2.id]
+        store.show_version(q.id)
+        assert [m.id for m in store.messages(chat.id)] == [q.id, a1.id, follow.id]
+        # deleting the shown version removes its branch and shows the newest remaining version
+        store.delete_message(a1.id)
+        assert store.get_message(follow.id) is None and store.search("then") == []
+        shown = store.messages(chat.id)
+        assert [m.id for m in shown] == [q.id, a2.id] and (shown[1].version, shown[1].versions) == (1, 1)
+        other = store.create_chat()
+        with pytest.raises(StoreError, match="not in chat"):
+            store.add_message(other.id, "user", "x", version_of=q.id)
+        assert store.versions(10_000) == []
+        assert store.integrity_ok()
+
+
 def test_a_newer_schema_is_refused(db):
     Store(db).close()
     raw = sqlite3.connect(db)

@@ -292,3 +292,130 @@ def test_save_default_model_keeps_the_rest_of_the_config(tmp_path):
     assert config.sampler == {"steps": 8}
     save_default_model(path, None)
     assert "default_model" not in path.read_text() and load_config(path).sampler == {"steps": 8}
+
+
+DG_Q4 = "diffusiongemma-26b-a4b-q4_k_m"
+
+
+def _closed_endpoint() -> str:
+    """A local address nothing listens on: a connection to it is refused."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def _step_text(wiz) -> str:
+    """Everything the model step shows in words: the why line, the table and the detail."""
+    table = wiz.query_one("#wiz-models")
+    cells = [" | ".join(str(c) for c in table.get_row_at(i)) for i in range(table.row_count)]
+    return "\n".join([str(wiz.query_one("#model-why").render()), *cells, str(wiz.query_one("#model-detail").render())])
+
+
+async def test_the_recommendation_is_the_strongest_model_that_fits(env, hub):
+    """23.5 GiB of RAM, CPU only (the case of issue 16): DiffusionGemma 26B Q4_K_M needs 18.4 of the
+    20.0 GiB usable, so it fits and, being the strongest that fits, is the one starred; the wording
+    says what "fits" means. Sizes are in binary units only."""
+    import re
+
+    from dgchat.hub import save_hardware_overrides
+
+    save_hardware_overrides({"ram_total": int(23.5 * GIB)})
+    app = make_app(None)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        wiz = await to_model_step(pilot)
+        assert wiz.hw.ram_total == int(23.5 * GIB)  # the saved correction is what the wizard uses
+        assert wiz.choice.name == DG_Q4 and wiz.choice.recommended
+        assert [r.name for r in wiz.rows if r.recommended] == [DG_Q4]
+        assert str(wiz.query_one("#model-why").render()) == (
+            "★ DiffusionGemma 26B-A4B it, Q4_K_M is recommended: the strongest model that fits in RAM (it needs "
+            "18.4 GiB of the 20.0 GiB usable: 85% of the RAM, the rest stays free for the system).")
+        text = _step_text(wiz)
+        assert "≈15.7 GiB" in text and "≈4.4 GiB" in text
+        assert not re.search(r"\d\s*(GB|MB|KB)\b", text), text  # one unit: GiB/MiB, never GB
+        for name in ("dream-v0-instruct-7b-q4_k_m", "dgchat-tiny-plays"):
+            wiz.query_one("#wiz-models").move_cursor(row=[r.name for r in wiz.rows].index(name))
+            await pilot.pause()
+            assert not re.search(r"\d\s*(GB|MB|KB)\b", _step_text(wiz))
+        # the bundled model's badge says what it is, not where a 4 MiB model would run
+        bundled = wiz.rows.index(next(r for r in wiz.rows if r.name == "dgchat-tiny-plays"))
+        assert str(wiz.query_one("#wiz-models").get_row_at(bundled)[-1]) == "bundled · no download"
+        assert str(wiz.query_one("#model-detail").render()).startswith("dgchat tiny (bundled) — bundled · no download")
+    assert hub.log == []
+
+
+@pytest.mark.parametrize("where", ["refused", "unresolvable"])
+async def test_no_network_offers_the_bundled_model(env, monkeypatch, where):
+    """The hub cannot be reached: the page says "No network connection" (not an errno), offers the
+    bundled model beside Retry and Choose another, leaves no lock in models/.partial, and the bundled
+    model finishes the setup."""
+    monkeypatch.setenv("HF_ENDPOINT", _closed_endpoint() if where == "refused" else "http://dgchat-no-such-hub.invalid")
+    app = make_app(None)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        wiz = await to_model_step(pilot)
+        await press(pilot, "#wiz-next")  # Download
+        await wait_for(pilot, lambda: wiz.download_state == "failed", what="the failure")
+        await pilot.pause()
+        assert wiz.panel.phase_text == "No network connection"
+        error = panel_text(wiz, "error")
+        reason = ("127.0.0.1 refused the connection" if where == "refused"
+                  else "dgchat-no-such-hub.invalid could not be looked up (no answer from DNS)")
+        assert error == (f"dgchat could not reach the model hub: {reason}. Check this machine's network connection "
+                         "and retry, or use the bundled model, which needs no download.")
+        assert "Errno" not in error
+        shown = {str(b.label) for b in wiz.query("#wiz-nav Button") if b.display}
+        assert shown == {"Choose another model", "Use the bundled model", "Retry"}
+        partial = _models_dir(env) / ".partial"
+        assert not partial.exists() or list(partial.iterdir()) == []  # no .lock left behind
+        await press(pilot, "#wiz-bundled")
+        assert wiz.step == "ready"
+        await _ready_and_tested(pilot, wiz)
+        await press(pilot, "#wiz-next")  # Start chatting
+        await wait_for(pilot, lambda: app.screen is app.chat_screen, what="the chat")
+        bundled = env.parent / "bundled" / "dgchat-tiny-plays.gguf"
+        assert app.session.path == bundled and load_config().default_model == str(bundled)
+
+
+async def test_setup_runs_again_from_the_palette(env, hub):
+    """After setup: "setup: correct the hardware values" opens the wizard at the machine step, where
+    a correction is saved in hardware.toml; Close leaves without touching the default model.
+    "setup: run again" opens it at the start, with Close instead of Skip setup."""
+    from dgchat.app.commands import SetupCommands
+
+    (env / "config" / "config.toml").write_text("[sampler]\nsteps = 8\ngen_length = 32\n", encoding="utf-8")
+    app = make_app(None)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_model(pilot)
+        titles = [SetupCommands(app.chat_screen)._title(n) for n, _h, _c in SetupCommands(app.chat_screen).commands()]
+        assert titles == ["setup: run again", "setup: correct the hardware values"]
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*"setup: correct the hardware")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, WizardScreen), what="the wizard")
+        wiz = app.screen
+        assert wiz.rerun and wiz.step == "hardware"
+        await wait_for(pilot, lambda: wiz.hw is not None and not wiz.detecting, what="hardware detection")
+        await pilot.pause()
+        wiz.query_one("#hw-ram", Input).value = "24G"
+        await press(pilot, "#wiz-next")
+        await wait_for(pilot, lambda: wiz.step == "model", what="the model step")
+        assert load_hardware_overrides() == {"ram_total": 24 * GIB}
+        assert wiz.query_one("#wiz-close").display
+        await press(pilot, "#wiz-close")
+        await wait_for(pilot, lambda: app.screen is app.chat_screen, what="the chat")
+        assert load_config().default_model is None  # nothing else changed
+
+        app.action_setup()
+        await wait_for(pilot, lambda: isinstance(app.screen, WizardScreen), what="the wizard again")
+        wiz = app.screen
+        await pilot.pause()
+        assert wiz.step == "welcome" and wiz.query_one("#wiz-close").display
+        assert not wiz.query_one("#wiz-skip").display  # Skip setup would rewrite the config
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.screen is app.chat_screen, what="the chat after Escape")
+    assert hub.log == []

@@ -106,6 +106,22 @@ def test_download_failed(snap_compare, env, hub):
     assert snap_compare(make_app(None), terminal_size=SIZE, run_before=_steps(_to_models, failed))
 
 
+def test_no_network_connection(snap_compare, env, monkeypatch):
+    """The hub refuses the connection: "No network connection", and the bundled model is offered."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{sock.getsockname()[1]}")
+
+    async def failed(pilot):
+        wiz = wizard(pilot.app)
+        await press(pilot, "#wiz-next")
+        await wait_for(pilot, lambda: wiz.download_state == "failed")
+
+    assert snap_compare(make_app(None), terminal_size=SIZE, run_before=_steps(_to_models, failed))
+
+
 def test_token_prompt(snap_compare, env, hub):
     hub.add_file(*DREAM, model_bytes())
     hub.gate(DREAM[0], "hf_right_token")

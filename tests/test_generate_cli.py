@@ -7,10 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from dgchat.assets import bundled_model_path
 
 
 def dgchat(*args: str, input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -50,6 +50,37 @@ def test_visual_draws_the_canvas(llada_gguf: Path) -> None:
     res = dgchat("generate", "-m", str(llada_gguf), "-p", "hi", "--gen-length", "16", "--steps", "4", "--visual")
     assert res.returncode == 0, res.stderr
     assert "step 4 (canvas 1, 4/4)" in res.stdout and "16/16 tokens" in res.stdout
+
+
+@pytest.mark.skipif(bundled_model_path() is None, reason="this installation has no bundled model")
+def test_visual_never_prints_special_tokens_nor_past_the_end() -> None:
+    """The bundled model decides <pad> and <end_of_turn> mid-answer (checked here on the same run):
+    no frame shows their text, and the last frame ends where the answer ends."""
+    from dgchat.model_backend.canvas import Cell
+    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.events import StepEvent
+    from dgchat.model_backend.params import DiffusionParams
+
+    model, prompt = bundled_model_path(), "Halt, traveller! Who goes there?"
+    with DiffusionEngine.load(model) as engine:
+        specials = [engine.piece(t) for t in range(engine.model.n_vocab) if engine.is_special(t)]
+        events = list(engine.generate(engine.chat_prompt([{"role": "user", "content": prompt}]),
+                                      DiffusionParams(seed=0)))
+    steps = [ev for ev in events if isinstance(ev, StepEvent)]
+    decided = [int(t) for ev in steps for t in ev.canvas.tokens[ev.canvas.state != Cell.MASKED]]
+    assert {"<pad>", "<end_of_turn>"} <= {engine.piece(t) for t in decided}, "nothing special decided: proves nothing"
+    assert events[-1].stop_reason == "eos"
+    env = {**os.environ, "COLUMNS": "400"}  # a pipe: one frame per step, the progress line on one line
+    res = subprocess.run([sys.executable, "-m", "dgchat", "generate", "-m", str(model), "-p", prompt, "--seed", "0",
+                          "--visual"], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr
+    frames = res.stdout.count("(canvas 1, ")
+    assert frames == len(steps)
+    for piece in specials:
+        assert piece not in res.stdout
+    answer = events[-1].text
+    # the last frame (all decided, the end token among them) reads exactly as the answer printed after it
+    assert res.stdout.endswith(f"\n{answer}\n{answer}\n")
 
 
 def test_reference_mode_and_threshold(llada_gguf: Path) -> None:

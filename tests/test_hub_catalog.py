@@ -36,6 +36,15 @@ def test_shipped_catalog() -> None:
         cat.get("nope")
 
 
+def test_descriptions_leave_sizes_to_the_size_column() -> None:
+    """The lists show each size once, in GiB; a description saying "About 4.7 GB" next to "≈4.4 GiB"
+    read as two different sizes (issue 16)."""
+    import re
+
+    for e in load_catalog():
+        assert not re.search(r"\d\s*(GB|MB|GiB|MiB)\b", e.description), (e.name, e.description)
+
+
 GOOD_ENTRY = """
 [[models]]
 name = "a"

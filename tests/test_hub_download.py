@@ -26,6 +26,7 @@ from dgchat.hub.errors import (
     DownloadCancelled,
     DownloadError,
     HubError,
+    NoNetworkError,
     NotFoundOnHubError,
     TokenRequiredError,
     VerificationError,
@@ -52,6 +53,21 @@ def assert_clean(dest: Path) -> None:
     """No .part, sidecar or lock left next to a finished download."""
     folder = dest.parent / ".partial"
     assert not folder.exists() or list(folder.iterdir()) == []
+
+
+def partial_files(dest: Path) -> list[str]:
+    folder = dest.parent / ".partial"
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def closed_endpoint() -> str:
+    """A local address nothing listens on: connecting to it is refused at once."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
 
 
 def test_download_verifies_and_reports(hub, hf_home, tmp_path: Path) -> None:
@@ -137,6 +153,7 @@ def test_cancel_then_resume_in_a_new_download(hub, hf_home, tmp_path: Path) -> N
     assert sidecar["etag"] == hub.files[(REPO, FILE)].sha256 and sidecar["size"] == DATA_SIZE
     assert sidecar["commit"] == hub.repos[REPO] and sidecar["repo"] == REPO
     assert not dest.exists()
+    assert partial_files(dest) == ["m.gguf.part", "m.gguf.part.json"]  # what a resume needs, no lock
     [partial] = list_partials(tmp_path)
     assert partial.filename == "m.gguf" and partial.done == have and partial.total == DATA_SIZE
 
@@ -216,8 +233,40 @@ def test_404s_give_clear_messages_and_leave_nothing(hub, hf_home, tmp_path: Path
     with pytest.raises(NotFoundOnHubError, match=message):
         fetch(hub, tmp_path / "m.gguf", repo=repo, filename=filename, revision=revision)
     assert not (tmp_path / "m.gguf").exists()
-    assert not partial_paths(tmp_path / "m.gguf")[0].exists()
+    assert_clean(tmp_path / "m.gguf")  # no .part and no .lock
     assert hub.cdn_gets() == []
+
+
+@pytest.mark.parametrize("where,reason", [
+    ("refused", "127.0.0.1 refused the connection"),
+    ("unresolvable", "dgchat-no-such-hub.invalid could not be looked up (no answer from DNS)"),
+])
+def test_no_network_is_said_plainly_and_leaves_no_lock(hf_home, tmp_path: Path, where: str, reason: str) -> None:
+    endpoint = closed_endpoint() if where == "refused" else "http://dgchat-no-such-hub.invalid"
+    dest = tmp_path / "m.gguf"
+    with pytest.raises(NoNetworkError) as info:
+        download_file(REPO, FILE, dest, endpoint=endpoint, retry_delay=0.0)
+    assert str(info.value) == f"no network connection: {reason}; nothing was downloaded"
+    assert info.value.reason == reason and not info.value.resumable
+    assert not dest.exists()
+    assert_clean(dest)  # the lock taken for the attempt is gone
+
+
+def test_losing_the_network_mid_download_keeps_the_partial_and_no_lock(hub, hf_home, tmp_path: Path) -> None:
+    f = hub.files[(REPO, FILE)]
+    f.cuts = [1_500_000]
+    f.drop_next = 0
+
+    def on_progress(p: Progress) -> None:
+        if p.message:  # the first reconnect is due: the hub goes away (connections refused from now on)
+            hub.stop()
+
+    dest = tmp_path / "m.gguf"
+    with pytest.raises(NoNetworkError, match=r"^no network connection: 127\.0\.0\.1 refused the connection; "
+                       r"the download of m\.gguf stopped at .*kept, pull again to resume") as info:
+        fetch(hub, dest, retries=2, progress=on_progress)
+    assert info.value.resumable and 0 < info.value.bytes_done <= 1_500_000
+    assert partial_files(dest) == ["m.gguf.part", "m.gguf.part.json"]
 
 
 def test_gated_repo_needs_the_right_token(hub, hf_home, tmp_path: Path) -> None:

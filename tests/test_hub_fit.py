@@ -89,19 +89,31 @@ def test_disk_check() -> None:
 def test_recommendation() -> None:
     cat = load_catalog()
     # a big GPU: the strongest model that fits in VRAM
-    assert recommend(cat, machine(ram_gib=128, vram_gib=80)).entry.name == "diffusiongemma-26b-a4b-q8_0"
-    # 24 GB GPU: the Q8_0 does not fit in VRAM, the Q4_K_M does
+    rec = recommend(cat, machine(ram_gib=128, vram_gib=80))
+    assert rec.entry.name == "diffusiongemma-26b-a4b-q8_0"
+    assert rec.reason.startswith("the strongest model that fits in GPU memory (it needs ")
+    assert "preferred for speed" not in rec.reason  # it is the strongest that fits at all
+    # 24 GB GPU: the Q8_0 does not fit in VRAM (only in RAM), the Q4_K_M does
     rec = recommend(cat, machine(ram_gib=64, vram_gib=24))
     assert rec.entry.name == "diffusiongemma-26b-a4b-q4_k_m" and rec.estimate.fit is Fit.VRAM
-    # 8 GB GPU: a 7-8B Q4 in VRAM beats a 26B from RAM
+    assert "preferred for speed over DiffusionGemma 26B-A4B it, Q8_0" in rec.reason
+    # the same GPU with too little RAM for the Q8_0: the Q4_K_M is simply the strongest that fits
+    rec = recommend(cat, machine(ram_gib=24, vram_gib=24))
+    assert rec.entry.name == "diffusiongemma-26b-a4b-q4_k_m" and "preferred for speed" not in rec.reason
+    # 8 GB GPU: a 7-8B Q4 in VRAM beats a 26B from RAM, and the reason says it is for speed
     rec = recommend(cat, machine(ram_gib=64, vram_gib=8))
     assert rec.entry.name == "dream-v0-instruct-7b-q4_k_m" and rec.estimate.fit is Fit.VRAM
-    # CPU only, 24 GiB: DiffusionGemma Q4 would take ~92% of usable RAM; a roomier model is preferred
-    rec = recommend(cat, machine(ram_gib=24, offload=False))
-    assert rec.entry.name == "dream-v0-instruct-7b-q4_k_m" and rec.estimate.fit is Fit.RAM
-    # CPU only, 40 GiB: DiffusionGemma Q4 fits comfortably, Q8 would not leave a quarter free
-    assert recommend(cat, machine(ram_gib=40, offload=False)).entry.name == "diffusiongemma-26b-a4b-q4_k_m"
-    assert recommend(cat, machine(ram_gib=64, offload=False)).entry.name == "diffusiongemma-26b-a4b-q8_0"
+    assert "preferred for speed over DiffusionGemma 26B-A4B it, Q8_0, which is stronger but would run from RAM" \
+        in rec.reason
+    # CPU only, 23.5 GiB (20.0 GiB usable): DiffusionGemma Q4 needs 18.4 GiB, so it fits and,
+    # being the strongest that fits, is the one recommended (the report of issue 16)
+    rec = recommend(cat, machine(ram_gib=23.5, offload=False))
+    assert rec.entry.name == "diffusiongemma-26b-a4b-q4_k_m" and rec.estimate.fit is Fit.RAM
+    assert rec.reason == ("the strongest model that fits in RAM (it needs 18.4 GiB of the 20.0 GiB usable: "
+                          "85% of the RAM, the rest stays free for the system)")
+    # CPU only, 20 GiB (17.0 usable): the Q4 does not fit, Dream (rank 60) is the strongest that does
+    assert recommend(cat, machine(ram_gib=20, offload=False)).entry.name == "dream-v0-instruct-7b-q4_k_m"
+    assert recommend(cat, machine(ram_gib=40, offload=False)).entry.name == "diffusiongemma-26b-a4b-q8_0"
     # too little of everything: the bundled model, always
     rec = recommend(cat, machine(ram_gib=4, offload=False))
     assert rec.entry.bundled and "bundled model always works" in rec.reason

@@ -95,6 +95,24 @@ def test_failed_pull_never_lists_a_half_model(mgr: ModelManager, hub, fault: str
         assert res.download.resumed_from == r.partial.done and res.path.read_bytes() == model_bytes()
 
 
+def test_pull_without_network_says_so_and_leaves_nothing(mgr: ModelManager, hub) -> None:
+    """The hub unreachable: NoNetworkError, no half model, and .partial holds no lock."""
+    import socket
+
+    from dgchat.hub.errors import NoNetworkError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    offline = ModelManager(endpoint=closed, hf_cache_dir=mgr.hf_cache_dir)
+    with pytest.raises(NoNetworkError, match="^no network connection: 127.0.0.1 refused the connection"):
+        offline.pull("llada-8b-instruct-q4_k_m", retries=0, retry_delay=0)
+    assert offline.installed() == [] and row(offline, "llada-8b-instruct-q4_k_m").status == "available"
+    partial = offline.models_dir / ".partial"
+    assert not partial.exists() or list(partial.iterdir()) == []
+    assert hub.log == []
+
+
 def test_rm_deletes_only_owned_files(mgr: ModelManager, tmp_path: Path) -> None:
     res = mgr.pull("llada-8b-instruct-q4_k_m", retry_delay=0)
     out = mgr.remove("llada-8b-instruct-q4_k_m")

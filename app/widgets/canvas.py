@@ -1,9 +1,11 @@
 """The live canvas: an answer while it denoises.
 
 Undecided positions are dim placeholders (uniform-state models: the dimmed draft token), tokens
-committed in the latest step are highlighted, earlier ones are plain text; a thin progress line
-above reads "step k/N · committed/length tokens · tok/s". The widget is fed the latest StepEvent by
-the screen's refresh timer and renders only when asked, so its cost is bounded by the frame rate.
+committed in the latest step are highlighted, earlier ones are plain text; special tokens (pad, end
+of turn, ...) are never drawn and nothing is drawn after the answer's end token (the rule is
+model_backend.canvas_view's, shared with `dgchat generate --visual`). A thin progress line above
+reads "step k/N · committed/length tokens · tok/s". The widget is fed the latest StepEvent by the
+screen's refresh timer and renders only when asked, so its cost is bounded by the frame rate.
 """
 
 from __future__ import annotations
@@ -12,6 +14,13 @@ from typing import Any
 
 from dgchat.app.engine_protocol import Engine
 from dgchat.model_backend.canvas import Cell
+from dgchat.model_backend.canvas_view import (
+    DRAFT,
+    HOLE,
+    PLACEHOLDER,
+    VISIBLE_CONTROLS,
+    shown_cells,
+)
 from dgchat.model_backend.events import StepEvent
 from rich.cells import cell_len
 from rich.segment import Segment
@@ -20,12 +29,9 @@ from rich.text import Text
 from textual.strip import Strip
 from textual.widget import Widget
 
-PLACEHOLDER = "·"
 _PROGRESS = -2  # style key of the progress line
 TYPICAL_TOKEN_CELLS = 4.0
-# C0 control characters (byte tokens of a random or small model) shown as control pictures, never
-# written raw to the terminal; newlines stay newlines, tabs become spaces
-_VISIBLE_CONTROLS = {c: 0x2400 + c for c in range(32) if c not in (9, 10)} | {9: " ", 127: "\u2421"}
+_VISIBLE_CONTROLS = VISIBLE_CONTROLS  # (the name the NPC and drafting widgets import)
 
 
 def _wrap(spans: list[tuple[str, int, int]], styles: dict[int, Style], width: int, base: Style) -> list[Strip]:
@@ -164,7 +170,7 @@ class LiveCanvas(Widget):
             Cell.NEW: get("canvas--new", partial=True),
             Cell.DONE: get("canvas--done", partial=True),
             Cell.FIXED: get("canvas--fixed", partial=True),
-            -1: get("canvas--draft", partial=True),
+            DRAFT: get("canvas--draft", partial=True),
             _PROGRESS: get("canvas--progress", partial=True),
         }
         if self.app.no_color:  # no colours to tell states apart: use attributes
@@ -172,32 +178,13 @@ class LiveCanvas(Widget):
         return styles
 
     def canvas_text(self) -> Text:
+        """The canvas as styled text (what the lines show, unwrapped)."""
         text = Text()
-        event = self.event
-        if event is None:
+        if self.event is None:
             return text
-        piece = self.engine.piece
         styles = self._styles()
-        if event.answer_tokens.size:
-            text.append("".join(piece(int(t)) for t in event.answer_tokens), styles[Cell.DONE])
-        uniform = event.uniform_state
-        # consecutive cells in the same state become one span: far fewer segments to lay out
-        run: list[str] = []
-        run_state: int | None = None
-        for tok, state in zip(event.canvas.tokens.tolist(), event.canvas.state.tolist()):
-            if state == Cell.MASKED:
-                key = -1 if uniform else Cell.MASKED
-                chunk = piece(tok) if uniform else PLACEHOLDER
-            else:
-                key = state
-                chunk = piece(tok)
-            if key != run_state and run:
-                text.append("".join(run), styles[run_state])
-                run = []
-            run_state = key
-            run.append(chunk)
-        if run:
-            text.append("".join(run), styles[run_state])
+        for chunk, _, key in self._spans():
+            text.append(chunk, styles[key])
         return text
 
     def _piece(self, token: int) -> tuple[str, int]:
@@ -210,25 +197,18 @@ class LiveCanvas(Widget):
         return cached
 
     def _spans(self) -> list[tuple[str, int, int]]:
-        """(text, width, style key) runs of the current canvas, in order."""
+        """(text, width, style key) of each shown position of the current canvas, in order."""
         event = self.event
         assert event is not None
-        spans: list[tuple[str, int, int]] = []
         piece = self._piece
         hidden = self._hidden
-        for tok in event.answer_tokens.tolist():
-            if tok not in hidden:
-                text, width = piece(tok)
-                spans.append((text, width, Cell.DONE))
-        uniform = event.uniform_state
-        for tok, state in zip(event.canvas.tokens.tolist(), event.canvas.state.tolist()):
-            if state == Cell.MASKED and not uniform:
+        spans: list[tuple[str, int, int]] = []
+        for tok, key in shown_cells(event, self.engine):
+            if tok == HOLE:
                 spans.append((PLACEHOLDER, 1, Cell.MASKED))
-            elif state != Cell.MASKED and tok in hidden:
-                continue
-            else:
+            elif tok not in hidden:
                 text, width = piece(tok)
-                spans.append((text, width, -1 if state == Cell.MASKED else state))
+                spans.append((text, width, key))
         return spans
 
     def _rebuild(self) -> bool:
@@ -264,14 +244,15 @@ class LiveCanvas(Widget):
 
     def _room_to_grow(self, width: int) -> int:
         event = self.event
-        if event is None:
+        if event is None or event.uniform_state:
             return 0
-        state = event.canvas.state
-        undecided = int((state == Cell.MASKED).sum())
-        if event.uniform_state or not undecided:
+        # only what is shown: positions after the answer's end token will never take room
+        spans = self._spans()
+        undecided = sum(1 for _, _, key in spans if key == Cell.MASKED)
+        if not undecided:
             return 0
-        decided = event.canvas.tokens[state != Cell.MASKED].tolist()
-        measured = sum(self._piece(t)[1] for t in decided) / len(decided) if decided else 0.0
+        decided = [width for _, width, key in spans if key != Cell.MASKED]
+        measured = sum(decided) / len(decided) if decided else 0.0
         # early on few tokens are known: assume at least English's ~4 cells a token
         avg = measured if len(decided) >= 16 else max(measured, TYPICAL_TOKEN_CELLS)
         return int(undecided * max(0.0, avg - 1.0) // width) + 1

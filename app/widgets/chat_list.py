@@ -41,6 +41,13 @@ class ChatList(OptionList):
             return None
         return self._ids[self.highlighted]
 
+    def on_hide(self) -> None:
+        # the sidebar was hidden (a narrow terminal, Ctrl+B) while the list had the keys: the prompt
+        # takes them (Textual's own Hide handler, which runs after this one, would leave no focus)
+        if self.has_focus:
+            for prompt in self.screen.query("#prompt"):
+                prompt.focus()
+
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()
         self.post_message(self.Request("open", self._ids[event.option_index]))

@@ -1,4 +1,8 @@
-"""One message of the conversation: a user prompt (plain text) or a final answer (Markdown)."""
+"""One message of the conversation: a user prompt (plain text) or a final answer (Markdown).
+
+A turn with several versions (regenerated answers, edited prompts) shows "‹ 2/3 ›" in the header;
+[ / ] (or Left / Right) on the focused message flip between them (the chat screen does the flip).
+"""
 
 from __future__ import annotations
 
@@ -13,17 +17,54 @@ from textual.widgets import Label, Markdown, Static
 
 STATUS_LABEL = {"stopped": "stopped", "error": "failed", "generating": "interrupted"}
 
+# An answer's tok/s divides its tokens by the time spent denoising whole canvases: for an answer
+# that used a small part of its canvas (a 3-token reply on a 256-position canvas) that reads as a
+# slow model when the model was fast. The rate is shown only for answers of at least
+# MIN_RATE_TOKENS tokens that filled at least MIN_RATE_FILL of the canvas positions decided;
+# otherwise the line says what was computed and how long it took: "3 tokens (canvas 256) · … · 1.3 s".
+MIN_RATE_TOKENS = 16
+MIN_RATE_FILL = 0.5
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
+def speed_parts(stats: dict[str, Any], canvas_length: int) -> tuple[str, str]:
+    """(what the tokens were decided on, how fast): ("", "51.2 tok/s") for an answer that filled
+    its canvas, ("canvas 256", "1.3 s") for a short one (see MIN_RATE_TOKENS)."""
+    tokens = _count(stats.get("tokens"))
+    rate = _number(stats.get("tokens_per_s"))
+    elapsed = _number(stats.get("elapsed_s"))
+    canvases = _count(stats.get("canvases"))
+    positions = canvases * canvas_length
+    filled = tokens >= MIN_RATE_FILL * positions if positions else True
+    if rate > 0 and tokens >= MIN_RATE_TOKENS and filled:
+        return "", f"{rate:.1f} tok/s"
+    canvas = ""
+    if positions:
+        canvas = f"canvas {canvas_length}" if canvases == 1 else f"{canvases} canvases of {canvas_length}"
+    return canvas, (f"{elapsed:.1f} s" if elapsed > 0 else "")
+
 
 def meta_line(message: Message) -> str:
-    """'128 tokens · 64 steps · 51.2 tok/s · model' for a finished answer."""
+    """'128 tokens · 64 steps · 51.2 tok/s · model' for a finished answer; a short answer says what
+    it was decided on and how long that took instead of a rate: '3 tokens (canvas 256) · 8 steps ·
+    1.3 s · model' (see speed_parts)."""
     meta = message.meta
     parts: list[str] = []
     stats = meta.get("stats") or {}
-    if stats:
-        parts.append(f"{stats.get('tokens', 0)} tokens")
-        parts.append(f"{stats.get('steps', 0)} steps")
-        if stats.get("tokens_per_s"):
-            parts.append(f"{stats['tokens_per_s']:.1f} tok/s")
+    if isinstance(stats, dict) and stats:
+        params = meta.get("params") if isinstance(meta.get("params"), dict) else {}
+        canvas, speed = speed_parts(stats, _count(params.get("gen_length")))
+        parts.append(f"{_count(stats.get('tokens'))} tokens" + (f" ({canvas})" if canvas else ""))
+        parts.append(f"{_count(stats.get('steps'))} steps")
+        if speed:
+            parts.append(speed)
     reason = meta.get("stop_reason")
     if reason == "max_tokens" and message.status == "done":
         parts.append("hit max tokens")
@@ -41,6 +82,8 @@ class MessageView(Vertical, can_focus=True):
         Binding("c", "copy", "Copy", id="message.copy"),
         Binding("e", "edit", "Edit & re-run", id="message.edit"),
         Binding("r", "regenerate", "Regenerate", id="message.regenerate"),
+        Binding("left_square_bracket,left", "older_version", "Older version", id="message.older_version"),
+        Binding("right_square_bracket,right", "newer_version", "Newer version", id="message.newer_version"),
     ]
 
     class Action(TextualMessage):
@@ -58,7 +101,7 @@ class MessageView(Vertical, can_focus=True):
         m = self.message
         who = "You" if m.role == "user" else "Assistant"
         status = STATUS_LABEL.get(m.status)
-        header = who + (f" · {status}" if status else "")
+        header = who + (f" · {status}" if status else "") + version_marker(m)
         yield Label(header, classes="message--header")
         if m.role == "user":
             yield Static(m.content, markup=False, classes="message--body")
@@ -77,6 +120,10 @@ class MessageView(Vertical, can_focus=True):
             return self.message.role == "user"
         if action == "regenerate":
             return self.message.role == "assistant"
+        if action == "older_version":
+            return self.message.versions > 1 and (self.message.version > 1 or None)
+        if action == "newer_version":
+            return self.message.versions > 1 and (self.message.version < self.message.versions or None)
         return True
 
     def action_copy(self) -> None:
@@ -87,3 +134,16 @@ class MessageView(Vertical, can_focus=True):
 
     def action_regenerate(self) -> None:
         self.post_message(self.Action(self, "regenerate"))
+
+    def action_older_version(self) -> None:
+        self.post_message(self.Action(self, "older_version"))
+
+    def action_newer_version(self) -> None:
+        self.post_message(self.Action(self, "newer_version"))
+
+
+def version_marker(message: Message) -> str:
+    """'  ‹ 2/3 ›' on a turn with several versions, '' otherwise."""
+    if message.versions <= 1:
+        return ""
+    return f"  ‹ {message.version}/{message.versions} ›"

@@ -2,12 +2,17 @@
 
 Up on the first line (or while browsing) steps back through earlier prompts, Down steps forward
 and finally restores what was being typed. Anywhere else the arrows move the cursor as usual.
+
+Alt+letter is never typed: terminals (and tmux) send Alt+C as ESC c, which Textual reads as key
+"alt+c" with the character "c", and a TextArea types every key that has a printable character.
+Such keys go on to the screen's bindings instead (Alt+C copies the last answer).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from textual import events
 from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import TextArea
@@ -36,6 +41,12 @@ class PromptInput(TextArea):
         self._history_index = -1  # -1: not browsing
         self._draft = ""
         self._recalled: str | None = None
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key.startswith("alt+"):
+            # not TextArea's typing (prevent_default skips the base class's handler); the event
+            # still bubbles, so bindings (the screen's, and TextArea's own alt+backspace) run
+            event.prevent_default()
 
     def on_mount(self) -> None:
         if self.app.is_headless:

@@ -1,4 +1,5 @@
-"""The line under the prompt: which model, how it runs, loading progress."""
+"""The line under the prompt: which model, how it runs, loading progress, and on the right how
+much of the model's context the conversation takes ("1,234 / 4,096 tokens")."""
 
 from __future__ import annotations
 
@@ -6,21 +7,65 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Label, ProgressBar
 
+# The next answer needs the conversation plus a whole canvas in the context: the count turns
+# the warning colour once that would fill this share of the context, and the error colour once
+# the next answer cannot fit at all.
+NEAR_CONTEXT = 0.8
+
+
+def context_level(tokens: int, canvas: int, context: int) -> str:
+    """"ok", "near" (the next answer takes most of what is left) or "full" (it cannot fit)."""
+    if context <= 0:
+        return "ok"
+    need = tokens + max(0, canvas)
+    if need > context:
+        return "full"
+    if need >= NEAR_CONTEXT * context:
+        return "near"
+    return "ok"
+
+
+def context_text(tokens: int, context: int) -> str:
+    return f"{tokens:,} / {context:,} tokens"
+
 
 class StatusBar(Horizontal):
     DEFAULT_CSS = """
     StatusBar { height: 1; }
-    StatusBar > #status-text { width: 1fr; }
+    StatusBar > #status-text { width: 1fr; height: 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    StatusBar > #status-tokens { width: auto; margin-left: 2; display: none; }
+    StatusBar > #status-tokens.-shown { display: block; }
+    StatusBar > #status-tokens.-near { color: $warning; text-style: bold; }
+    StatusBar > #status-tokens.-full { color: $error; text-style: bold; }
     StatusBar > ProgressBar { width: 30; display: none; }
     StatusBar.-loading > ProgressBar { display: block; }
     """
 
     def compose(self) -> ComposeResult:
         yield Label("", id="status-text", markup=False)
+        yield Label("", id="status-tokens", markup=False)
         yield ProgressBar(total=100, show_eta=False, id="load-progress")
 
     def set_text(self, text: str) -> None:
         self.query_one("#status-text", Label).update(text)
+
+    def set_context(self, tokens: int | None, context: int = 0, canvas: int = 0) -> None:
+        """Show `tokens` of `context` (None hides the count); coloured when the next answer's
+        canvas would (nearly) overflow the context."""
+        label = self.query_one("#status-tokens", Label)
+        if tokens is None or context <= 0:
+            label.remove_class("-shown", "-near", "-full")
+            return
+        level = context_level(tokens, canvas, context)
+        label.update(context_text(tokens, context))
+        label.set_class(True, "-shown")
+        label.set_class(level == "near", "-near")
+        label.set_class(level == "full", "-full")
+        label.tooltip = {
+            "ok": "the conversation as the model reads it, of its context",
+            "near": "close to the model's context: the next answer's canvas takes most of what is left",
+            "full": "the next answer's canvas does not fit in the model's context: start a new chat",
+        }[level]
 
     def set_loading(self, fraction: float | None) -> None:
         bar = self.query_one(ProgressBar)

@@ -1,0 +1,49 @@
+"""Sampler settings as people read them: numbers without float noise, annealed temperatures as
+"0.8 → 0.4".
+
+Model files store defaults as float32, so 0.005 reads back as 0.004999999888241291; `:g` (six
+significant digits) gives the number that was meant. DiffusionGemma does not use `temperature`
+when it denoises: its temperature runs from t_max down to t_min over each canvas's steps, so a
+status line reading "T 0" for it was wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dgchat.model_backend.params import DiffusionParams
+
+# shown together as the temperature line, not one by one
+_TEMPERATURE_KEYS = ("temperature", "t_min", "t_max")
+
+
+def value_text(value: Any) -> str:
+    """One setting's value: floats without noise, true/false, the rest as written."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def annealed(t_max: Any, t_min: Any) -> str:
+    return f"{value_text(float(t_max))} → {value_text(float(t_min))}"
+
+
+def temperature_text(params: DiffusionParams, uniform_state: bool) -> str:
+    """The temperature a generation with `params` uses: "0.8 → 0.4" for a uniform-state model
+    (DiffusionGemma) denoising with a t_max → t_min schedule, else the fixed temperature."""
+    if uniform_state and not params.autoregressive and params.t_min is not None and params.t_max is not None:
+        return annealed(params.t_max, params.t_min)
+    return value_text(float(params.temperature or 0.0))
+
+
+def defaults_text(defaults: Mapping[str, Any], uniform_state: bool) -> tuple[str, str]:
+    """(temperature, the other recommended settings as "k=v, …") of a model's defaults."""
+    if uniform_state and defaults.get("t_min") is not None and defaults.get("t_max") is not None:
+        temperature = annealed(defaults["t_max"], defaults["t_min"]) + " (annealed over each canvas's steps)"
+    else:
+        temperature = value_text(float(defaults.get("temperature") or 0.0))
+    rest = ", ".join(f"{k}={value_text(v)}" for k, v in sorted(defaults.items()) if k not in _TEMPERATURE_KEYS)
+    return temperature, rest

@@ -9,7 +9,11 @@ import sys
 from dgchat import __version__
 
 # subcommand -> module under dgchat.commands exposing add_parser(subparsers) and run(args) -> int
-SUBCOMMANDS = ["generate", "convert", "bench", "models", "npc", "serve"]
+SUBCOMMANDS = ["generate", "convert", "bench", "models", "npc", "serve", "rpc-server"]
+
+
+def _module_name(command: str) -> str:
+    return f"dgchat.commands.{command.replace('-', '_')}"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -37,12 +41,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--api-key", dest="app_api_key", metavar="KEY",
                         help="the server's API key (default: $DGCHAT_API_KEY, else [server] api_key). Visible to "
                              "other users in `ps`: prefer $DGCHAT_API_KEY")
+    from dgchat.commands.common import RPC_HELP
+
+    parser.add_argument("--rpc", dest="app_rpc", metavar="HOST:PORT[,HOST:PORT]", help=RPC_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in SUBCOMMANDS:
         try:
-            module = importlib.import_module(f"dgchat.commands.{name}")
+            module = importlib.import_module(_module_name(name))
         except ModuleNotFoundError as exc:
-            if exc.name == f"dgchat.commands.{name}":
+            if exc.name == _module_name(name):
                 continue  # not built yet
             raise
         module.add_parser(sub)
@@ -63,6 +70,16 @@ def main(argv: list[str] | None = None) -> int:
 
             raise InvalidParameterError(f"put --server and --api-key after the subcommand: dgchat {args.command} "
                                         "--server URL")
+        if args.command is not None and args.app_rpc:
+            from dgchat.model_backend.errors import InvalidParameterError
+
+            raise InvalidParameterError(f"put --rpc after the subcommand: dgchat {args.command} --rpc HOST:PORT")
+        rpc_spec = args.app_rpc if args.command is None else getattr(args, "rpc", None)
+        if rpc_spec:  # before any model loads, in the app too (docs/SCALING.md)
+            from dgchat.commands.common import use_rpc_servers
+
+            use_rpc_servers(rpc_spec, command=args.command,
+                            remote=args.app_server if args.command is None else getattr(args, "server", None))
         if args.command is None:
             from dgchat.app.main import run_app
 
@@ -71,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stderr.write("dgchat: warning: --api-key is visible to other users of this machine (`ps`); "
                                  "prefer $DGCHAT_API_KEY\n")
             return run_app(args)
-        module = importlib.import_module(f"dgchat.commands.{args.command}")
+        module = importlib.import_module(_module_name(args.command))
         return int(module.run(args) or 0)
     except DgchatError as exc:
         sys.stderr.write(f"dgchat: error: {exc}\n")

@@ -83,6 +83,10 @@ class DgchatApp(App[int]):
             self.session.load(self.session.default_path)
         if first is not None:
             self.push_screen(first, self._after_first_run)
+        from dgchat.model_backend import rpc
+
+        for warning in rpc.notices():  # --rpc to a non-private address: say it where the user looks
+            self.notify(warning, title="llama.cpp RPC", severity="warning", timeout=30)
 
     def first_run_screen(self) -> Screen | None:
         """The hook for the first-run wizard: a screen to push over the chat at start, or None.

@@ -27,24 +27,25 @@ from dgchat.app.breakpoints import NARROW_BELOW, WIDTH_BREAKPOINTS
 from dgchat.app.clipboard import copy_text
 from dgchat.app.confirm_modal import ConfirmModal
 from dgchat.app.edit_modal import EditModal
+from dgchat.app.engine_protocol import served
 from dgchat.app.error_modal import ErrorModal
 from dgchat.app.export import default_export_path, export_chat
 from dgchat.app.generation import ChatAnswer, ContextCount, ContextCountJob
 from dgchat.app.live_view import LiveView
-from dgchat.app.model_source import ModelSource
+from dgchat.app.model_source import ModelSource, ServerSource
 from dgchat.app.paths import display_name, short_path
 from dgchat.app.prompt_modal import PromptModal
 from dgchat.app.sampler_text import defaults_text, temperature_text
 from dgchat.app.search_modal import SearchModal
 from dgchat.app.session import Engine, JobDone, ModelChange, ModelSession
-from dgchat.app.settings_modal import ChatSettings, SettingsModal
+from dgchat.app.settings_modal import ChatSettings, SettingsModal, server_refuses
 from dgchat.app.store import Chat, Message
 from dgchat.app.widgets.canvas import LiveCanvas
 from dgchat.app.widgets.chat_list import ChatList
 from dgchat.app.widgets.message import MessageView
 from dgchat.app.widgets.prompt_input import PromptInput
 from dgchat.app.widgets.status_bar import StatusBar
-from dgchat.model_backend.errors import DgchatError
+from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.model_backend.params import DiffusionParams
 from textual import events, on
 from textual.app import ComposeResult
@@ -240,7 +241,8 @@ class ChatScreen(Screen):
             p = self.effective_params(engine)
             blocks = f" · block {p.block_length}" if p.block_length else ""
             thr = f" · threshold {p.threshold:g}" if p.threshold is not None else ""
-            if getattr(engine, "is_dgchat", True):
+            server = served(engine)
+            if server is None or server.is_dgchat:
                 bar.set_text(
                     f"{session.model_name(wanted)} · {engine.label} · steps {p.steps} · canvas {p.gen_length}{blocks}"
                     f" · {p.algorithm}{thr} · T {temperature_text(p, engine.info.uniform_state)}"
@@ -319,10 +321,10 @@ class ChatScreen(Screen):
         that cannot take some of them (vLLM takes no diffusion settings) those stay unset: the
         config is for every model, a chat's own settings are not dropped."""
         params = self.app.config.sampler_params()
-        unsupported = getattr(engine, "unsupported", None)  # a remote engine (dgchat.remote)
-        if unsupported is not None:
+        server = served(engine)
+        if server is not None:
             plain = DiffusionParams()
-            params = dataclasses.replace(params, **{n: getattr(plain, n) for n in unsupported(params)})
+            params = dataclasses.replace(params, **{n: getattr(plain, n) for n in server.unsupported(params)})
         return params
 
     def loaded_engine(self) -> Engine | None:
@@ -476,6 +478,10 @@ class ChatScreen(Screen):
             return
         try:
             params = self.effective_params(engine)
+            server = served(engine)
+            refused = server.unsupported(params) if server is not None else []
+            if refused:  # the chat's own settings (the config's are left out): say which fields
+                raise InvalidParameterError(server_refuses(refused))
             if self._reseed and (params.temperature or 0) > 0:
                 params = params.updated(seed=random.randrange(1 << 31))
             conversation = self.store.messages(self.chat.id)
@@ -890,9 +896,19 @@ class ChatScreen(Screen):
             done,
         )
 
-    def use_model(self, path: Path) -> None:
-        """Models → Use: the open chat switches to `path` (it is the default for new chats now too)."""
+    def use_model(self, path: ModelSource) -> None:
+        """Models → Use: the open chat switches to `path` (it is the default for new chats now too).
+        A server is never a chat's own model: a chat with its own file keeps it."""
         name = display_name(path)
+        if isinstance(path, ServerSource):
+            if self.chat is not None and self.chat.model:
+                self.notify(f"{name} is the default for new chats; this chat keeps its own model "
+                            f"({display_name(self.chat.model)}; Ctrl+O changes it).")
+            else:
+                self.session.load(path)
+                self.notify(f"{name} is the model now (also for new chats).")
+            self.update_status()
+            return
         if self.chat is not None and self.chat.model and Path(self.chat.model).expanduser() != path:
             self.apply_settings(ChatSettings(str(path), self.chat.system_prompt, self.chat.params), quiet=True)
             self.notify(f"{name}: this chat's model, and the default for new chats.")

@@ -20,9 +20,8 @@ from typing import Any
 from dgchat.app import paths
 from dgchat.app.breakpoints import WIDTH_BREAKPOINTS
 from dgchat.app.drafting_plan import DraftPlan, DraftRequest, plan, proposal_text
-from dgchat.app.engine_protocol import Engine
+from dgchat.app.engine_protocol import Engine, served
 from dgchat.app.error_modal import ErrorModal
-from dgchat.app.model_source import is_remote_engine
 from dgchat.app.paths import short_path
 from dgchat.app.session import EngineJob
 from dgchat.app.tool_screen import ToolScreen, open_tool
@@ -223,7 +222,7 @@ class DraftingScreen(ToolScreen):
         engine = self.engine_for_job()
         if engine is None:
             return
-        if is_remote_engine(engine):
+        if served(engine) is not None:
             # drafting lays out a token-level canvas around the text: that needs the model's tokenizer
             self.notify(NOT_ON_A_SERVER, severity="warning", timeout=8)
             return

@@ -2,6 +2,9 @@
 
 model_backend.engine.DiffusionEngine is the real one; tests wrap it (to hold a generation at a
 step). Typing screens and widgets with this instead of `Any` says which calls the UI relies on.
+
+`ServedEngine` is an optional capability on top: what a server's model (dgchat.remote.RemoteEngine)
+adds. Screens ask `served(engine)` instead of probing attributes one by one.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -42,3 +45,24 @@ class Engine(Protocol):
     def is_end(self, token: int) -> bool: ...
     def is_special(self, token: int) -> bool: ...  # markup, never drawn as text (cheap: cached per token)
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ServedEngine(Protocol):
+    """What an engine on an OpenAI-compatible server adds to `Engine` (dgchat.remote.RemoteEngine, or
+    a test's wrapper around one). A local engine has none of these."""
+
+    server_model: Any  # dgchat.remote.wire.ServerModel: the server's /v1/models entry
+    is_dgchat: bool  # a `dgchat serve` server: live canvas, diffusion settings, /v1/infill
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def model_id(self) -> str: ...
+    def unsupported(self, params: DiffusionParams) -> list[str]: ...  # settings this server cannot take
+    def infill(self, body: dict[str, Any]) -> dict[str, Any]: ...  # POST /v1/infill (dgchat serve only)
+
+
+def served(engine: object) -> ServedEngine | None:
+    """`engine` as a server's model, or None for a local one (or no engine)."""
+    return engine if engine is not None and isinstance(engine, ServedEngine) else None

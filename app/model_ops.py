@@ -635,3 +635,59 @@ def save_default_model(config_path: Path, model_path: Path | str | None) -> None
     if parsed.get("default_model") != (str(model_path) if model_path is not None else None):
         raise ConfigError(f"{config_path}: default_model could not be set (a multi-line value?); edit it by hand")
     atomic_write_text(config_path, text)
+
+
+_SERVER_TABLE_RE = re.compile(r"^\s*\[\s*server\s*\]\s*(#.*)?$")
+_SERVER_KEY_RE = re.compile(r"^\s*(url|api_key|\"url\"|\"api_key\")\s*=")
+_KEY_LINE_RE = re.compile(r"^\s*[A-Za-z0-9_\"'-]+\s*=")
+
+
+def save_server(config_path: Path, url: str | None, api_key: str | None = None) -> None:
+    """Set the `[server]` table's url (and api_key when given; an api_key already there is removed
+    otherwise, so a key meant for another server is never sent to this one), or with url None
+    remove both. Everything else in the file stays as it is (comments, other keys and tables);
+    creates the file if there is none. Atomic."""
+    from dgchat.app.config import ConfigError
+    from dgchat.app.paths import atomic_write_text
+    from dgchat.npc.toml_write import toml_string
+
+    config_path = Path(config_path)
+    try:
+        old = config_path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        old = CONFIG_HEADER
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{config_path}: cannot be read: {exc}") from None
+    lines = old.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    header = next((i for i, line in enumerate(lines) if _SERVER_TABLE_RE.match(line)), None)
+    if header is not None:
+        end = next((i for i in range(header + 1, len(lines)) if _TABLE_RE.match(lines[i])), len(lines))
+        body = [line for line in lines[header + 1:end] if not _SERVER_KEY_RE.match(line)]
+        new_keys = []
+        if url is not None:
+            new_keys.append(f"url = {toml_string(url)}\n")
+            if api_key:
+                new_keys.append(f"api_key = {toml_string(api_key)}\n")
+        if new_keys or any(_KEY_LINE_RE.match(line) for line in body):
+            lines[header:end] = [lines[header], *new_keys, *body]
+        else:  # nothing left in the table: the header goes too (its comments stay)
+            lines[header:end] = body
+    elif url is not None:
+        if lines and lines[-1].strip():
+            lines.append("\n")
+        lines.append("[server]\n")
+        lines.append(f"url = {toml_string(url)}\n")
+        if api_key:
+            lines.append(f"api_key = {toml_string(api_key)}\n")
+    text = "".join(lines)
+    try:
+        parsed = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{config_path}: not valid TOML, so [server] was not written: {exc}") from None
+    table = parsed.get("server") if isinstance(parsed.get("server"), dict) else {}
+    if table.get("url") != url or table.get("api_key") != (api_key if url is not None and api_key else None):
+        raise ConfigError(f"{config_path}: [server] could not be set (is it written another way, such as "
+                          "server.url = …?); edit it by hand")
+    atomic_write_text(config_path, text)  # 0600, as every settings file: it may hold a key

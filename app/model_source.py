@@ -54,13 +54,10 @@ def is_server(source: object) -> bool:
     return isinstance(source, ServerSource)
 
 
-def is_remote_engine(engine: object) -> bool:
-    """A server's model (dgchat.remote.RemoteEngine, or a test's wrapper around one)."""
-    return hasattr(engine, "server_model")
-
-
 def engine_can_count(engine: object) -> bool:
     """Whether the engine has the model's tokenizer (a context count before an answer). A remote
     engine has none: its prompts are messages sent to the server, which reports the count with
     each answer."""
-    return not is_remote_engine(engine)
+    from dgchat.app.engine_protocol import served
+
+    return served(engine) is None

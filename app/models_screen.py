@@ -10,6 +10,12 @@ owns it (never a file in the HF cache or an imported original); **Import…** ad
 (a DiffusionGemma file in the upstream layout is converted). Only Pull, and Use on a model that is
 not here yet, go online, and only after a question naming the model, its size and the free disk.
 
+When the app's model comes from a server (`dgchat --server URL`, or `[server] url` in config.toml),
+a line above the table names it ("Served by http://…: MODEL · live canvas / text only") with its
+own Use button ("Use this server"). Use on a local model while the config names a server asks
+first: the config's server wins over the default model at every start, so the answer that uses
+the model also removes `[server]` from the config (nothing changes silently).
+
 Keys and buttons are there only where they apply to the selected row (the bundled model has
 nothing to pull, verify or remove); a key pressed anyway says why it does not apply. The table
 fits its width: shorter badge words, then no Where column, then cut titles.
@@ -23,6 +29,7 @@ from typing import Any
 
 from dgchat.app import model_ops
 from dgchat.app.confirm_modal import ConfirmModal
+from dgchat.app.engine_protocol import served
 from dgchat.app.model_ops import (
     HubTask,
     TransferPanel,
@@ -31,7 +38,7 @@ from dgchat.app.model_ops import (
     short_path,
     start_hub_task,
 )
-from dgchat.app.model_source import ServerSource
+from dgchat.app.model_source import ModelSource, ServerSource
 from dgchat.app.prompt_modal import PromptModal
 from dgchat.hub import DownloadCancelled, Hardware, TokenRequiredError
 from dgchat.hub.manager import ModelRow, PullResult
@@ -95,7 +102,7 @@ def import_check(text: str) -> str | None:
     return None
 
 
-class ModelsScreen(Screen[Path | None]):
+class ModelsScreen(Screen[ModelSource | None]):
     DEFAULT_CSS = """
     #models-main { height: 1fr; padding: 0 1; }
     #models-hw { color: $text-muted; margin-bottom: 1; }
@@ -103,6 +110,10 @@ class ModelsScreen(Screen[Path | None]):
     #models-detail-scroll { height: 1fr; min-height: 3; }
     #models-panel { margin-bottom: 1; }
     #models-buttons { height: auto; }
+    #models-server { height: auto; margin-bottom: 1; }
+    #models-server-text { width: 1fr; }
+    #models-server Button { min-width: 8; width: auto; }
+    ModelsScreen.-short #models-server { margin-bottom: 0; }
     #models-buttons Button { margin-right: 1; min-width: 8; width: auto; }
     ModelsScreen.-short #models-hw, ModelsScreen.-short #models-table, ModelsScreen.-short #models-panel {
         margin-bottom: 0;
@@ -133,6 +144,9 @@ class ModelsScreen(Screen[Path | None]):
         yield Header(icon="≡")
         with Vertical(id="models-main"):
             yield Static("Looking at this machine…", id="models-hw", markup=False)
+            with Horizontal(id="models-server"):
+                yield Static("", id="models-server-text", markup=False)
+                yield Button("Use this server", id="m-server")
             yield DataTable(id="models-table", cursor_type="row")
             with VerticalScroll(id="models-detail-scroll"):
                 yield Static("", id="models-detail", markup=False)
@@ -149,6 +163,8 @@ class ModelsScreen(Screen[Path | None]):
     def on_mount(self) -> None:
         self.sub_title = "Models"
         self.query_one(TransferPanel).display = False
+        self.app.session.watch(self, lambda _change: self._show_server())  # connected, failed, in use
+        self._show_server()
         self._fit_to_size()
         try:
             self.mgr = model_ops.make_manager()
@@ -172,7 +188,7 @@ class ModelsScreen(Screen[Path | None]):
         width, height = self.app.size
         short = height < SHORT
         self.set_class(short, "-short")
-        for button in self.query("#models-buttons Button").results(Button):
+        for button in self.query("#models-buttons Button, #models-server Button").results(Button):
             button.compact = short
         if self.hw is not None:
             self.query_one("#models-hw", Static).update(hardware_line(self.hw, short=width < NARROW))
@@ -190,6 +206,66 @@ class ModelsScreen(Screen[Path | None]):
     def _detect_failed(self, exc: BaseException) -> None:
         self.query_one("#models-hw", Static).update(f"This machine could not be read: {describe_problem(exc).message}")
         self.refresh_rows()
+
+    # -- the server ------------------------------------------------------------------------------
+    def server(self) -> ServerSource | None:
+        """The server this app knows of: the session's (from --server or the config), else the
+        config's [server] url when a local model runs now."""
+        session, config = self.app.session, self.app.config
+        for source in (session.default_path, session.path):
+            if isinstance(source, ServerSource):
+                return source
+        if config.server_url:
+            import os
+
+            from dgchat.remote.client import API_KEY_ENV
+
+            try:
+                return ServerSource.of(config.server_url, os.environ.get(API_KEY_ENV) or config.server_api_key)
+            except DgchatError:
+                return None
+        return None
+
+    def _show_server(self) -> None:
+        source = self.server()
+        line = self.query_one("#models-server")
+        line.display = source is not None
+        if source is None:
+            return
+        session = self.app.session
+        engine = served(session.loaded(source))
+        if engine is not None:
+            kind = "live canvas" if engine.is_dgchat else "text only"
+            text = f"Served by {source.url}: {engine.model_id} · {kind}"
+        elif source in session.load_errors:
+            text = f"Server {source.url}: not available ({session.load_errors[source]})"
+        else:
+            text = f"Server {source.url}: not connected"
+        if session.default_path == source:
+            text = "● " + text + " · in use"
+        if self.app.config.server_url == source.url:
+            text += " · [server] url in the config"
+        self.query_one("#models-server-text", Static).update(text)
+
+    def action_use_server(self) -> None:
+        """Use the server: it becomes the default source (saved as [server] url unless the config
+        names it already; its key is not written: --api-key or $DGCHAT_API_KEY give it) and the
+        screen closes with it as the result."""
+        source = self.server()
+        if source is None:
+            return
+        app = self.app
+        config = app.config
+        if config.server_url != source.url:
+            try:
+                model_ops.save_server(config.path, source.url)
+            except DgchatError as exc:
+                self._message(str(exc), error=True)
+                return
+            config.server_url, config.server_api_key = source.url, None
+            config.exists = True
+        app.session.use_default(source)
+        self.dismiss(source)
 
     # -- the list -------------------------------------------------------------------------------
     def _in_use(self) -> Path | None:
@@ -354,7 +430,7 @@ class ModelsScreen(Screen[Path | None]):
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
-        actions = {"m-use": self.action_use, "m-pull": self.action_pull, "m-cancel": self.action_cancel,
+        actions = {"m-server": self.action_use_server, "m-use": self.action_use, "m-pull": self.action_pull, "m-cancel": self.action_cancel,
                    "m-verify": self.action_verify, "m-remove": self.action_remove, "m-import": self.action_import_model}
         action = actions.get(event.button.id or "")
         if action is not None:
@@ -468,9 +544,30 @@ class ModelsScreen(Screen[Path | None]):
 
     def switch_to(self, path: Path, title: str) -> None:
         """Use `path`: it becomes the default model (saved in the config) and the screen closes with
-        it as the result; the app hands it to the chat, which uses it for the open chat."""
+        it as the result; the app hands it to the chat, which uses it for the open chat. While the
+        config names a server (which would win at the next start) the user is asked first, and
+        yes removes it."""
+        app = self.app
+        server_url = app.config.server_url
+        if server_url:
+            def answer(yes: bool | None) -> None:
+                if yes:
+                    self._switch(path, forget_server=True)
+
+            app.push_screen(ConfirmModal(
+                "The config names a server",
+                f"{short_path(app.config.path)} says [server] url = {server_url}, and that server wins over the "
+                f"default model every time dgchat starts. Use {title}, and remove the server from the config?",
+                confirm_label="Use it, remove the server", confirm_variant="primary"), answer)
+            return
+        self._switch(path)
+
+    def _switch(self, path: Path, *, forget_server: bool = False) -> None:
         app = self.app
         try:
+            if forget_server:
+                model_ops.save_server(app.config.path, None)
+                app.config.server_url = app.config.server_api_key = None
             model_ops.save_default_model(app.config.path, path)
         except DgchatError as exc:
             self._message(str(exc), error=True)

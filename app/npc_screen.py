@@ -14,8 +14,8 @@ from typing import Any
 
 from dgchat.app.breakpoints import WIDTH_BREAKPOINTS
 from dgchat.app.confirm_modal import ConfirmModal
+from dgchat.app.engine_protocol import served
 from dgchat.app.error_modal import ErrorModal
-from dgchat.app.model_source import is_remote_engine
 from dgchat.app.npc_card_modal import CardModal
 from dgchat.app.npc_cards import CardShelf, load_shelf, remove_card
 from dgchat.app.paths import short_path
@@ -414,8 +414,9 @@ class NpcScreen(ToolScreen):
         engine = self.engine_for_job()
         if engine is None:
             return
-        if is_remote_engine(engine) and not getattr(engine, "is_dgchat", False):
-            self.spec_error(f"NPC lines are not available on {getattr(engine, 'url', 'this server')}: they need a "
+        server = served(engine)
+        if server is not None and not server.is_dgchat:
+            self.spec_error(f"NPC lines are not available on {server.url}: they need a "
                             "dgchat serve server (its /v1/infill); vLLM and other servers answer the chat only")
             return
         results = self.query_one("#npc-results", VerticalScroll)
@@ -427,14 +428,14 @@ class NpcScreen(ToolScreen):
         results.scroll_end(animate=False)
 
         def run(job: EngineJob) -> LineBatch:
-            if is_remote_engine(engine):
+            if server is not None:
                 # the server runs the same generator on the spec (remote/npc_lines.py); no canvases
                 # cross the wire for lines, so the batch shows when the server's answer is complete
                 from dgchat.remote.npc_lines import batch_from_infill, infill_body
 
                 job.record(-1, None, phase="on the server", progress=(0, spec.count))
-                answer = engine.infill(infill_body(spec, max_attempts=4))  # type: ignore[attr-defined]
-                return batch_from_infill(spec, answer, engine.url)  # type: ignore[attr-defined]
+                answer = server.infill(infill_body(spec, max_attempts=4))
+                return batch_from_infill(spec, answer, server.url)
             cached = self._generator
             if cached is None or cached[0] is not engine:
                 cached = self._generator = (engine, NpcGenerator(engine))

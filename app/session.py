@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dgchat.app import model_source
-from dgchat.app.engine_protocol import Engine
+from dgchat.app.engine_protocol import Engine, served
 from dgchat.app.model_source import ModelSource, ServerSource, as_source
 from dgchat.app.paths import display_name
 from dgchat.model_backend.errors import GenerationCancelled, error_text
@@ -180,6 +180,8 @@ class ModelSession:
         self._watchers: weakref.WeakKeyDictionary[MessagePump, Callable[[ModelChange], None]] = (
             weakref.WeakKeyDictionary())
         self._switch_interval = sys.getswitchinterval()
+        self._close_lock = threading.Lock()
+        self._orphan: Engine | None = None  # closed by the running job's thread when it ends (close())
 
     # -- watching -------------------------------------------------------------------------------
     def watch(self, node: MessagePump, callback: Callable[[ModelChange], None]) -> None:
@@ -214,7 +216,8 @@ class ModelSession:
         served model's id once connected ("tiny-llada on 127.0.0.1:8765")."""
         engine = self.loaded(source)
         if isinstance(source, ServerSource) and engine is not None:
-            return f"{getattr(engine, 'model_id', '') or 'model'} on {source.host}"
+            server = served(engine)
+            return f"{server.model_id if server is not None else 'model'} on {source.host}"
         return display_name(source)
 
     def status_text(self, wanted: ModelSource | None, *, when: str = "it loads when you generate") -> str:
@@ -351,6 +354,12 @@ class ModelSession:
 
         def work() -> None:
             job.execute()
+            with self._close_lock:
+                orphan = self._orphan if self._orphan is job.engine else None
+                if orphan is not None:
+                    self._orphan = None
+            if orphan is not None:  # the app went away while this job ran: it was the engine's last user
+                orphan.close()
             owner.post_message(JobDone(job))
             app.post_message(SessionCall(self._ended, job))
 
@@ -380,9 +389,12 @@ class ModelSession:
             await asyncio.sleep(0.02)
 
     def close(self) -> None:
-        """The app is going away: no more loads; the engine is closed unless a job still uses it
-        (a job that outlives the app ends with the process)."""
+        """The app is going away: no more loads; the engine is closed now, or by the job still using
+        it when that job ends (it was told to stop; the lock decides which of the two closes it)."""
         self.closing.set()
-        engine, self.engine = self.engine, None
-        if engine is not None and not self.busy:
+        with self._close_lock:
+            engine, self.engine = self.engine, None
+            if engine is not None and self.busy:
+                self._orphan, engine = engine, None
+        if engine is not None:
             engine.close()

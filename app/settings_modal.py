@@ -95,6 +95,13 @@ def fields_named(message: str) -> list[str]:
     return named
 
 
+def server_refuses(names: list[str]) -> str:
+    """The message for a chat whose own settings a server cannot take (dgchat.remote.RemoteEngine
+    .unsupported), naming the Settings fields, not the command line's flags."""
+    labels = ", ".join(FIELDS[n][0] if n in FIELDS else n.replace("_", " ") for n in names)
+    return f"this server takes no {labels}; reset {'it' if len(names) == 1 else 'them'} in Settings (Ctrl+O)"
+
+
 def parse_number(name: str, raw: str) -> int | float:
     """The text of a number field as its value; raises ValueError."""
     kind = FIELDS[name][1]

@@ -5,15 +5,18 @@
                  can be corrected and the correction is kept (hardware.toml)
     3 Model      the catalog with fit badges and the estimate behind them, the recommendation
                  preselected; the bundled model is always a choice; installed models and models in
-                 the Hugging Face cache need no download
+                 the Hugging Face cache need no download. "Use a server…" opens a form instead (URL,
+                 optional API key): the server's /v1/models is asked on a worker thread, and what it
+                 serves (a dgchat server with the live canvas, or text only) is shown before the test
     4 Download   bytes, speed and time left; Cancel keeps the partial file and Resume continues it
                  (also after quitting); the sha256 result; a gated repo asks for a token; a
                  DiffusionGemma file is converted with progress
     5 Ready      the model loads and answers a short test on the live canvas; "Start chatting"
                  writes `default_model` to the config (so the wizard does not come back) and hands
-                 the loaded model to the chat
+                 the loaded model to the chat; for a server it writes `[server] url` instead (the
+                 API key only when the user ticks "save the key", else it comes from $DGCHAT_API_KEY)
 
-The only network traffic is the download the user starts in step 4 (dgchat.hub lifts HF_HUB_OFFLINE
+The only network traffic is the download the user starts in step 4 (or the server the user names) (dgchat.hub lifts HF_HUB_OFFLINE
 for that call alone); everything else reads local files. When the hub cannot be reached at all the
 download page says "No network connection" and offers the bundled model, which needs none.
 
@@ -26,10 +29,10 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from dgchat.app import model_ops
+from dgchat.app.engine_protocol import served
 from dgchat.app.generation import ChatAnswer
 from dgchat.app.live_view import LiveView
 from dgchat.app.model_ops import (
@@ -40,6 +43,7 @@ from dgchat.app.model_ops import (
     short_path,
     start_hub_task,
 )
+from dgchat.app.model_source import ModelSource, ServerSource
 from dgchat.app.session import Engine, JobDone, ModelChange, ModelSession
 from dgchat.app.widgets.canvas import LiveCanvas
 from dgchat.hub import DownloadCancelled, Hardware, HubError, TokenRequiredError
@@ -69,6 +73,10 @@ STEP_TITLES = {"welcome": "Welcome", "hardware": "This machine", "model": "Model
                "ready": "Ready"}
 TEST_PROMPT = "Say hello and tell me, in one sentence, what you can do."
 TEST_TOKENS = 32  # the test answer's canvas: long enough to watch, short enough on a CPU
+SERVER_CHECK_TIMEOUT = 15.0  # seconds the server form waits for /v1/models (connect and answer)
+KEY_NOT_SAVED = ("Not saved: the key is used now, and later starts read it from $DGCHAT_API_KEY "
+                 "(or --api-key). Tick the box to keep it in the config file.")
+KEY_SAVED = "The key is saved in the config file (readable by you only)."
 
 WELCOME = (
     "dgchat chats with text-diffusion language models on this computer. An answer starts as a "
@@ -95,6 +103,12 @@ def trial_params(engine: Engine, base: DiffusionParams) -> DiffusionParams:
     """The chat's settings for this model, on a canvas of at most TEST_TOKENS tokens with
     proportionally fewer steps (a multiple of the number of blocks); the full settings if the
     shortened ones do not validate."""
+    server = served(engine)
+    if server is not None:  # the config's settings that this server cannot take stay unset
+        plain = DiffusionParams()
+        base = replace(base, **{n: getattr(plain, n) for n in server.unsupported(base)})
+        if not server.is_dgchat:  # it samples with its own settings: only the answer's length is ours
+            return engine.resolve(replace(base, max_tokens=TEST_TOKENS))
     full = engine.resolve(base)
     if full.gen_length <= TEST_TOKENS:
         return full
@@ -119,6 +133,9 @@ class WizardScreen(Screen[None]):
     # the rest of its CSS is in dgchat.tcss ("first-run wizard")
     DEFAULT_CSS = """
     #wiz-models { scrollbar-size-vertical: 1; }
+    #srv-grid { grid-size: 2; grid-columns: 10 1fr; grid-rows: 1; grid-gutter: 1 1; height: auto; margin-bottom: 1; }
+    #srv-grid Checkbox, #srv-grid Checkbox:focus { border: none; height: 1; }
+    #srv-key-note, #srv-result { margin-bottom: 1; }
     """
 
     BINDINGS = [Binding("escape", "back", "Back", show=False)]
@@ -138,7 +155,12 @@ class WizardScreen(Screen[None]):
         self._shown_hw: dict[str, str] = {}  # the text each hardware field was filled with
         self.rows: list[ModelRow] = []
         self.choice: ModelRow | None = None
-        self.model_path: Path | None = None
+        self.model_path: ModelSource | None = None  # a file, or the server of the server form
+        self.server_checked: ServerSource | None = None  # the form's server, once /v1/models answered
+        self.server_model = ""  # what it serves (the model the session will use)
+        self.server_is_dgchat = False
+        self.server_typed_key: str | None = None  # the key typed in the form (saved only if ticked)
+        self.server_task: HubTask | None = None
         self.pull_task: HubTask | None = None
         self.download_state = "idle"  # idle | running | paused | failed | done
         self.problem: Problem | None = None
@@ -185,6 +207,22 @@ class WizardScreen(Screen[None]):
                     yield DataTable(id="wiz-models", cursor_type="row", zebra_stripes=False)
                     with VerticalScroll(id="model-detail-scroll"):
                         yield Static("", id="model-detail", markup=False)
+                with VerticalScroll(id="step-server", classes="wiz-step"):
+                    yield Label("Use a server", classes="wiz--h1")
+                    yield Static("Chat with a model on another machine instead of downloading one: a `dgchat "
+                                 "serve` server (the live canvas works) or any OpenAI-compatible server such as "
+                                 "vLLM (answers arrive as text).", markup=False, classes="wiz--text")
+                    with Grid(id="srv-grid"):
+                        yield Label("URL", classes="hw--label")
+                        yield Input("", id="srv-url", compact=True, placeholder="http://gpu-box:8765")
+                        yield Label("API key", classes="hw--label")
+                        yield Input("", id="srv-key", compact=True, password=True,
+                                    placeholder="optional (else $DGCHAT_API_KEY)")
+                        yield Label("", classes="hw--label")
+                        yield Checkbox("save the key in the config file", id="srv-save-key", compact=True)
+                    yield Static(KEY_NOT_SAVED, id="srv-key-note", classes="wiz--muted", markup=False)
+                    yield Static("", id="srv-result", markup=False)
+                    yield Static("", id="srv-error", classes="wiz--error", markup=False)
                 with VerticalScroll(id="step-download", classes="wiz-step"):
                     yield Label("", id="dl-title", classes="wiz--h1", markup=False)
                     yield Static("", id="dl-source", classes="wiz--muted", markup=False)
@@ -206,6 +244,7 @@ class WizardScreen(Screen[None]):
                 yield Button("Skip setup", id="wiz-skip")
                 yield Button("Close", id="wiz-close")
                 yield Button("Detect again", id="wiz-redetect")
+                yield Button("Use a server…", id="wiz-server")
                 yield Button("Use the bundled model", id="wiz-bundled")
                 yield Button("Cancel", id="wiz-cancel", variant="warning")
                 yield Button("Retry", id="wiz-retry")
@@ -220,9 +259,6 @@ class WizardScreen(Screen[None]):
             self.mgr = model_ops.make_manager()
         except DgchatError as exc:  # a broken catalog: setup cannot offer downloads
             self.query_one("#wiz-welcome-error", Static).update(f"The model catalog could not be read: {exc}")
-        self.query_one("#ready-note", Static).update(
-            f"“Start chatting” saves this as your default model in {short_path(self.app.config.path)}. "
-            "Models can be changed later: F4, or Ctrl+P → model: manage models…")
         self.go(self.start_step)
 
     # -- navigation -----------------------------------------------------------------------------
@@ -234,6 +270,8 @@ class WizardScreen(Screen[None]):
             self._detect()
         elif step == "model":
             self._fill_models()
+        elif step == "server":
+            self._show_server_check()
         elif step == "ready":
             self._enter_ready()
         self._nav()
@@ -242,6 +280,8 @@ class WizardScreen(Screen[None]):
     def _focus_step(self) -> None:
         if self.step == "model":
             self.query_one("#wiz-models", DataTable).focus()
+        elif self.step == "server":
+            self.query_one("#srv-url", Input).focus()
         elif self.step == "hardware":
             self.query_one("#hw-cores", Input).focus()
         else:
@@ -250,7 +290,7 @@ class WizardScreen(Screen[None]):
                 nxt.focus()
 
     def _show_steps(self) -> None:
-        current = STEPS.index(self.step)
+        current = STEPS.index("model" if self.step == "server" else self.step)
         text = Text()
         for i, step in enumerate(STEPS):
             if i:
@@ -266,7 +306,7 @@ class WizardScreen(Screen[None]):
     def _nav(self) -> None:
         """Which buttons the current step offers, and what they say."""
         show = {"wiz-back": False, "wiz-skip": False, "wiz-close": False, "wiz-redetect": False,
-                "wiz-bundled": False, "wiz-cancel": False, "wiz-retry": False, "wiz-retest": False, "wiz-next": True}
+                "wiz-server": False, "wiz-bundled": False, "wiz-cancel": False, "wiz-retry": False, "wiz-retest": False, "wiz-next": True}
         label, enabled, back_label = "Next", True, "Back"
         step = self.step
         if step == "welcome":
@@ -276,10 +316,18 @@ class WizardScreen(Screen[None]):
             show["wiz-back"] = show["wiz-redetect"] = True
             enabled = self.hw is not None and not self.detecting
         elif step == "model":
-            show["wiz-back"] = show["wiz-bundled"] = True
+            show["wiz-back"] = show["wiz-bundled"] = show["wiz-server"] = True
             row = self.choice
             label, enabled = self._choose_label(row)
             self.query_one("#wiz-bundled", Button).disabled = self._bundled_row() is None
+        elif step == "server":
+            show["wiz-back"] = True
+            checking = self.server_task is not None and self.server_task.running
+            if self.server_checked is not None:
+                label = "Next: test it"
+            else:
+                label = "Checking…" if checking else "Check the server"
+            enabled = not checking and bool(self.query_one("#srv-url", Input).value.strip())
         elif step == "download":
             state = self.download_state
             show["wiz-back"] = state != "running"
@@ -335,6 +383,8 @@ class WizardScreen(Screen[None]):
             self.close()
         elif bid == "wiz-redetect":
             self._redetect()
+        elif bid == "wiz-server":
+            self.go("server")
         elif bid == "wiz-bundled":
             row = self._bundled_row()
             if row is not None:
@@ -358,6 +408,12 @@ class WizardScreen(Screen[None]):
         elif self.step == "model":
             if self.choice is not None:
                 self.choose(self.choice)
+        elif self.step == "server":
+            if self.server_checked is not None:
+                self.model_path = self.server_checked
+                self.go("ready")
+            else:
+                self._check_server()
         elif self.step == "download":
             if self.download_state == "done":
                 self.go("ready")
@@ -373,9 +429,11 @@ class WizardScreen(Screen[None]):
             if self.download_state == "running":
                 return
             self.go("model")
+        elif self.step == "server":
+            self.go("model")
         elif self.step == "ready":
             self._stop_test()
-            self.go("model")
+            self.go("server" if isinstance(self.model_path, ServerSource) else "model")
         else:
             self.go(STEPS[STEPS.index(self.step) - 1])
 
@@ -563,6 +621,81 @@ class WizardScreen(Screen[None]):
         self.go("download")
         self._start_pull()
 
+    # -- 3b: a server instead of a model file ---------------------------------------------------
+    # The form's check asks /v1/models once, on a worker thread, without retries (a wrong address
+    # should say so at once); the ready step then connects through the session like any model.
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id in ("srv-url", "srv-key"):
+            event.stop()
+            if self.server_task is not None:
+                self.server_task.close()  # its answer is for what was typed before
+                self.server_task = None
+            self.server_checked = None
+            self._show_server_check()
+            self._nav()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id in ("srv-url", "srv-key"):
+            event.stop()
+            self.action_next()
+
+    def on_checkbox_changed(self, event: Checkbox.Changed) -> None:
+        if event.checkbox.id == "srv-save-key":
+            event.stop()
+            self.query_one("#srv-key-note", Static).update(KEY_SAVED if event.value else KEY_NOT_SAVED)
+
+    def _show_server_check(self, error: str = "") -> None:
+        result = self.query_one("#srv-result", Static)
+        self.query_one("#srv-error", Static).update(error)
+        source = self.server_checked
+        if source is None:
+            result.update("")
+            return
+        kind = ("a dgchat server: answers draw on the live canvas" if self.server_is_dgchat else
+                "text only: not a dgchat server, so answers arrive as text (no live canvas, no NPC lines)")
+        result.update(Text.assemble(("✓ ", "bold green"), f"{source.url} serves {self.server_model} · {kind}"))
+
+    def _check_server(self) -> None:
+        import os
+
+        from dgchat.remote.client import API_KEY_ENV, RemoteClient
+
+        url = self.query_one("#srv-url", Input).value.strip()
+        typed = self.query_one("#srv-key", Input).value.strip() or None
+        try:
+            source = ServerSource.of(url, typed or os.environ.get(API_KEY_ENV))
+        except DgchatError as exc:
+            self._show_server_check(str(exc).replace("--server takes", "enter"))
+            return
+        self.server_checked = None
+        self._show_server_check()
+        self.query_one("#srv-result", Static).update(f"Asking {source.url} for its models…")
+
+        def call(_progress: Any, _cancel: threading.Event) -> Any:
+            with RemoteClient(source.url, api_key=source.api_key, retries=0, timeout=SERVER_CHECK_TIMEOUT,
+                              connect_timeout=SERVER_CHECK_TIMEOUT) as client:
+                return client.models()
+
+        def done(models: list[Any]) -> None:
+            self.server_task = None
+            first = models[0]  # what RemoteEngine.connect uses
+            self.server_checked = source
+            self.server_typed_key = typed
+            self.server_model = first.id + (f" (of {len(models)} models)" if len(models) > 1 else "")
+            self.server_is_dgchat = bool(first.is_dgchat)
+            self._show_server_check()
+            self._nav()
+            self.call_after_refresh(lambda: self.query_one("#wiz-next", Button).focus())
+
+        def failed(exc: BaseException) -> None:
+            self.server_task = None
+            self._show_server_check(str(exc) if isinstance(exc, DgchatError) else f"{type(exc).__name__}: {exc}")
+            self._nav()
+
+        self.server_task = start_hub_task(self, "server-check", call, progress=lambda p: None, done=done,
+                                          failed=failed)
+        self._nav()
+
     # -- 4: the download ------------------------------------------------------------------------
     def _start_pull(self) -> None:
         row = self.choice
@@ -663,7 +796,20 @@ class WizardScreen(Screen[None]):
     def _enter_ready(self) -> None:
         path = self.model_path
         assert path is not None
-        title = self.choice.title if self.choice is not None else path.name
+        config_file = short_path(self.app.config.path)
+        if isinstance(path, ServerSource):
+            title = f"{self.server_model} on {path.host}"
+            key = ("with the key" if self.query_one("#srv-save-key", Checkbox).value and self.server_typed_key
+                   else "without a key (it comes from $DGCHAT_API_KEY)")
+            note = (f"“Start chatting” saves this server as [server] url in {config_file}, {key}. "
+                    "Change it later: F4, or Ctrl+P → setup: run again")
+        else:
+            title = self.choice.title if self.choice is not None else path.name
+            note = f"“Start chatting” saves this as your default model in {config_file}"
+            if self.app.config.server_url:
+                note += f" and removes the server {self.app.config.server_url} ([server] url) from it"
+            note += ". Models can be changed later: F4, or Ctrl+P → model: manage models…"
+        self.query_one("#ready-note", Static).update(note)
         self.query_one("#ready-title", Label).update(f"Ready: {title}")
         self.query_one("#ready-model", Static).update(short_path(path))
         self.query_one("#ready-error", Static).update("")
@@ -698,7 +844,7 @@ class WizardScreen(Screen[None]):
         elif change.kind == "failed":
             self._load_failed(path, change.error)
 
-    def _loaded(self, path: Path) -> None:
+    def _loaded(self, path: ModelSource) -> None:
         engine = self.session.loaded(path)
         assert engine is not None
         self.load_state = "loaded"
@@ -706,7 +852,7 @@ class WizardScreen(Screen[None]):
         self.query_one("#ready-model", Static).update(f"{short_path(path)} · runs as {engine.label}")
         self._start_test()
 
-    def _load_failed(self, path: Path, message: str) -> None:
+    def _load_failed(self, path: ModelSource, message: str) -> None:
         self.load_state = "failed"
         self.query_one("#ready-loading").display = False
         self.query_one("#ready-error", Static).update(
@@ -788,13 +934,21 @@ class WizardScreen(Screen[None]):
             self._stop_test()
             self._nav()
             return
+        config = self.app.config
         try:
-            model_ops.save_default_model(self.app.config.path, path)
+            if isinstance(path, ServerSource):
+                key = self.server_typed_key if self.query_one("#srv-save-key", Checkbox).value else None
+                model_ops.save_server(config.path, path.url, key)
+                config.server_url, config.server_api_key = path.url, key
+            else:
+                if config.server_url:  # the ready note said so: else the server would win at the next start
+                    model_ops.save_server(config.path, None)
+                    config.server_url = config.server_api_key = None
+                model_ops.save_default_model(config.path, path)
+                config.default_model = str(path)
         except DgchatError as exc:
             self.query_one("#ready-error", Static).update(str(exc))
             return
-        config = self.app.config
-        config.default_model = str(path)
         config.exists = True
         self.session.use_default(path)
         self.dismiss(None)
@@ -834,4 +988,6 @@ class WizardScreen(Screen[None]):
     def on_unmount(self) -> None:
         if self.pull_task is not None:
             self.pull_task.close()
+        if self.server_task is not None:
+            self.server_task.close()
         self._stop_test()

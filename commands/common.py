@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from dgchat.model_backend.errors import ModelFileError
+from dgchat.model_backend.errors import InvalidParameterError, ModelFileError
 from dgchat.model_backend.params import ALGORITHMS, CACHE_MODES, SAMPLER_PLACES, SOFT_EMBEDDINGS, DiffusionParams
 
 
@@ -27,6 +28,27 @@ def add_model_args(parser: argparse.ArgumentParser, required: bool = False) -> N
     parser.add_argument("--n-gpu-layers", type=int, default=None, metavar="N",
                         help="layers to offload to the GPU (default: all when this build supports it)")
     parser.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads (default: all cores)")
+    parser.add_argument("--rpc", default=None, metavar="HOST:PORT[,HOST:PORT]", help=RPC_HELP)
+
+
+RPC_HELP = ("put the model's layers on llama.cpp RPC servers (`dgchat rpc-server` on other machines; needs an engine "
+            "built with `python engine/build.py --rpc`). No authentication or encryption: trusted networks only "
+            "(docs/SCALING.md)")
+
+
+def use_rpc_servers(spec: str, *, command: str | None, remote: object = None) -> None:
+    """Register the RPC servers of `--rpc` before any model loads (model_backend/rpc.py): each one
+    is reached and greeted first, so a bad address is a one-line error, not an abort."""
+    if remote:
+        raise InvalidParameterError("--rpc puts a local model's layers on RPC servers, --server runs on a remote "
+                                    "engine: give one of them")
+    if command == "bench":
+        raise InvalidParameterError("dgchat bench measures in fresh processes of its own: --rpc is not supported there")
+    from dgchat.model_backend import rpc
+
+    endpoints = rpc.connect(spec)
+    sys.stderr.write("dgchat: model layers go to the RPC server(s) " + ", ".join(e.text for e in endpoints)
+                     + " (split by free memory; local GPUs too)\n")
 
 
 def add_sampler_args(parser: argparse.ArgumentParser) -> None:

@@ -3,6 +3,7 @@
 
     python engine/build.py                 # download, patch, build, install into this Python
     CMAKE_ARGS="-DGGML_CUDA=on" python engine/build.py     # GPU builds: CMAKE_ARGS passes through
+    python engine/build.py --no-rpc        # without llama.cpp's RPC backend (or DGCHAT_ENGINE_RPC=0)
     python engine/build.py --check         # download + apply the patches only (no compiler needed)
     python engine/build.py --sdist FILE    # use an already downloaded sdist (offline)
     python engine/build.py --slim-source OUT.tar.xz   # a few-MB patched source archive, see below
@@ -13,6 +14,12 @@ engine/patches/*.patch with `patch -p1` inside vendor/llama.cpp, set the local v
 under a key made of the sdist hash, the patches, CMAKE_ARGS and the platform, and `pip install` it
 into the running interpreter's environment. A second run with the same inputs reuses the cached
 wheel. Standard library only: this runs before dgchat is installed.
+
+The build adds -DGGML_RPC=ON to CMAKE_ARGS (unless CMAKE_ARGS sets GGML_RPC itself, or --no-rpc):
+the wheel then also holds libggml-rpc, the backend behind `dgchat --rpc HOST:PORT` (layers on other
+machines) and `dgchat rpc-server` (docs/SCALING.md). It is on by default because it costs about
+14 s of a ~10 min build (ggml-rpc.cpp + transport.cpp, measured from ninja's log on 2 cores) and
+one 188 KB library, and lets the test suite check RPC wherever the engine is built.
 
 --slim-source OUT writes, instead of a wheel, a small deterministic archive (.tar.xz, or .tar.gz by
 its name) of the PATCHED sources for builds where the 77 MB sdist cannot travel (the offline GPU
@@ -48,6 +55,8 @@ PATCH_LEVEL = 3
 LOCAL_VERSION = f"{VERSION}+dgchat.{PATCH_LEVEL}"
 HERE = Path(__file__).resolve().parent
 PATCH_DIR = HERE / "patches"
+RPC_CMAKE_ARG = "-DGGML_RPC=ON"
+RPC_ENV = "DGCHAT_ENGINE_RPC"
 
 
 class BuildError(Exception):
@@ -204,11 +213,26 @@ def check_toolchain() -> None:
         raise BuildError("no C++ compiler found (install build-essential / Xcode command line tools / MSVC)")
 
 
-def build_wheel(root: Path, out_dir: Path, work: Path) -> Path:
+def rpc_requested(cmake_args: str) -> bool:
+    return re.search(r"-DGGML_RPC=(ON|1|TRUE|YES)\b", cmake_args, re.I) is not None
+
+
+def effective_cmake_args(environ_args: str, rpc: bool) -> str:
+    """CMAKE_ARGS as given, plus the RPC backend when asked for and CMAKE_ARGS does not set it."""
+    if rpc and re.search(r"-DGGML_RPC=", environ_args, re.I) is None:
+        return f"{environ_args} {RPC_CMAKE_ARG}".strip()
+    return environ_args
+
+
+def build_wheel(root: Path, out_dir: Path, work: Path, cmake_args: str) -> Path:
     check_toolchain()
     log_file = work / "build.log"
     log(f"compiling {LOCAL_VERSION} (several minutes; log: {log_file}) ...")
     env = dict(os.environ)
+    if cmake_args:
+        env["CMAKE_ARGS"] = cmake_args
+    else:
+        env.pop("CMAKE_ARGS", None)
     if env.get("CMAKE_ARGS"):
         log(f"CMAKE_ARGS={env['CMAKE_ARGS']}")
     res = run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--wheel-dir", str(work / "wheel"), str(root)],
@@ -236,7 +260,7 @@ def cached_wheel(wheel_dir: Path) -> Path | None:
     return found[0] if found else None
 
 
-def install(wheel: Path) -> None:
+def install(wheel: Path, rpc: bool = False) -> None:
     log(f"installing {wheel.name} into {sys.prefix}")
     for cmd in ([sys.executable, "-m", "pip", "install", "--no-deps", "--force-reinstall", str(wheel)],
                 [sys.executable, "-m", "pip", "install", str(wheel)]):
@@ -250,7 +274,13 @@ def install(wheel: Path) -> None:
     level = res.stdout.strip()
     if res.returncode != 0 or level != str(PATCH_LEVEL):
         raise BuildError(f"installed, but llama_cpp reports patch level {level or '?'}: {res.stderr.strip()[-200:]}")
-    log(f"llama-cpp-python {LOCAL_VERSION} installed (patch level {PATCH_LEVEL})")
+    if rpc:
+        probe = ("import ctypes; from llama_cpp import _ggml; f = _ggml.libggml.ggml_backend_reg_by_name; "
+                 "f.restype, f.argtypes = ctypes.c_void_p, [ctypes.c_char_p]; print(bool(f(b'RPC')))")
+        res = run([sys.executable, "-c", probe])
+        if res.returncode != 0 or res.stdout.strip() != "True":
+            raise BuildError(f"installed, but llama.cpp has no RPC backend: {res.stderr.strip()[-200:]}")
+    log(f"llama-cpp-python {LOCAL_VERSION} installed (patch level {PATCH_LEVEL}{', RPC backend' if rpc else ''})")
 
 
 # -- slim patched source archive (--slim-source) ----------------------------------------------------
@@ -452,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="only verify that the patches apply")
     ap.add_argument("--no-install", action="store_true", help="build (or reuse) the wheel and print its path")
     ap.add_argument("--rebuild", action="store_true", help="ignore a cached wheel (or slim archive)")
+    ap.add_argument("--rpc", action="store_true", help=f"build llama.cpp's RPC backend ({RPC_CMAKE_ARG}; the default)")
+    ap.add_argument("--no-rpc", action="store_true", help=f"leave the RPC backend out (same as {RPC_ENV}=0)")
     ap.add_argument("--slim-source", default=None, metavar="OUT",
                     help="write a small archive of the patched sources (OUT: *.tar.xz, *.tar.gz or a folder) "
                          "for offline builds, and nothing else")
@@ -463,7 +495,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.slim_source is not None:
             print(slim_source(cache, args.sdist, patches, args.slim_source, args.rebuild))
             return 0
-        cmake_args = os.environ.get("CMAKE_ARGS", "")
+        rpc_off = args.no_rpc or os.environ.get(RPC_ENV, "").strip().lower() in ("0", "off", "false", "no")
+        rpc = args.rpc or not rpc_off
+        cmake_args = effective_cmake_args(os.environ.get("CMAKE_ARGS", ""), rpc)
         key = build_key(patches, cmake_args)
         wheel_dir = cache / "wheels" / key
         wheel = None if (args.rebuild or args.check) else cached_wheel(wheel_dir)
@@ -479,13 +513,13 @@ def main(argv: list[str] | None = None) -> int:
                 if args.check:
                     log("the patch set applies cleanly")
                     return 0
-                wheel = build_wheel(root, wheel_dir, work)
+                wheel = build_wheel(root, wheel_dir, work, cmake_args)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
         if args.no_install:
             print(wheel)
         else:
-            install(wheel)
+            install(wheel, rpc=rpc_requested(cmake_args))
         return 0
     except BuildError as exc:
         print(f"dgchat engine build: error: {exc}", file=sys.stderr)

@@ -68,9 +68,16 @@ class DiffusionEngine:
         n_threads: int | None = None,
         progress: Callable[[float], bool] | None = None,
         precise: bool = False,
+        rpc_servers: str | Sequence[str] | None = None,
     ) -> DiffusionEngine:
+        """rpc_servers: "HOST:PORT[,HOST:PORT]" of llama.cpp RPC servers to put layers on (registered for
+        the whole process, as `--rpc` does: model_backend/rpc.py); servers registered before are used too."""
         header = read_gguf_header(path)
         info = inspect_header(header)  # refuse unsupported models before llama.cpp loads anything
+        if rpc_servers:
+            from dgchat.model_backend import rpc
+
+            rpc.connect(rpc_servers)
         model = llamacpp.LlamaModel(path, n_gpu_layers=n_gpu_layers, progress=progress, header=header)
         if info.family == "diffusion_gemma":
             from dgchat.model_backend.diffusion_gemma import DiffusionGemmaEngine

@@ -9,6 +9,8 @@ with numpy arrays and plain Python values:
   per position), KV cell removal, causal/non-causal switching, cancellation mid-decode.
 - llama.cpp's own log lines are captured in a ring buffer; they reach stderr only when verbose.
 - `quantize_model`: llama.cpp's quantizer (`llama_model_quantize`), GGUF in, GGUF out.
+- ggml's device registry and llama.cpp's RPC backend (in the default engine build; not with `engine/build.py --no-rpc`):
+  `rpc_register_server`, `run_rpc_server`; model_backend/rpc.py checks addresses before these run.
 """
 
 from __future__ import annotations
@@ -203,9 +205,220 @@ def engine_info() -> EngineInfo:
         level = int(fn())
     return EngineInfo(
         llama_cpp_version=getattr(_llama, "__version__", "?"),
-        gpu_offload=bool(_llama.llama_supports_gpu_offload()),
+        gpu_offload=local_gpu_present(),
         patch_level=level,
     )
+
+
+# -- ggml's device registry and llama.cpp's RPC backend (engine/build.py, on by default) -------------
+# llama-cpp-python no longer wraps RPC (`rpc_servers` is gone), so the few ggml functions needed
+# are bound here, from ggml's own libraries (libllama links them). The RPC functions themselves
+# are reached the way llama.cpp's common/arg.cpp does: the "RPC" backend's proc addresses.
+
+RPC_MISSING = "this engine was built without RPC: python engine/build.py (without --no-rpc)"
+_DEV_CPU, _DEV_GPU, _DEV_IGPU = 0, 1, 2  # enum ggml_backend_dev_type
+_RPC_ADD_SERVER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)
+_RPC_START_SERVER = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
+                                     ctypes.POINTER(ctypes.c_void_p))
+_GGML_SIGNATURES = {
+    "ggml_backend_reg_by_name": (ctypes.c_void_p, [ctypes.c_char_p]),
+    "ggml_backend_reg_get_proc_address": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]),
+    "ggml_backend_reg_name": (ctypes.c_char_p, [ctypes.c_void_p]),
+    "ggml_backend_reg_dev_count": (ctypes.c_size_t, [ctypes.c_void_p]),
+    "ggml_backend_reg_dev_get": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t]),
+    "ggml_backend_register": (None, [ctypes.c_void_p]),
+    "ggml_backend_dev_count": (ctypes.c_size_t, []),
+    "ggml_backend_dev_get": (ctypes.c_void_p, [ctypes.c_size_t]),
+    "ggml_backend_dev_by_type": (ctypes.c_void_p, [ctypes.c_int]),
+    "ggml_backend_dev_type": (ctypes.c_int, [ctypes.c_void_p]),
+    "ggml_backend_dev_backend_reg": (ctypes.c_void_p, [ctypes.c_void_p]),
+    "ggml_backend_dev_name": (ctypes.c_char_p, [ctypes.c_void_p]),
+    "ggml_backend_dev_description": (ctypes.c_char_p, [ctypes.c_void_p]),
+    "ggml_backend_dev_memory": (None, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                       ctypes.POINTER(ctypes.c_size_t)]),
+}
+_ggml_fns: dict[str, Callable] | None = None
+_rpc_lock = threading.Lock()
+_rpc_models_alive = 0  # models loaded while RPC servers were registered (each holds its connections)
+
+
+def _ggml_libraries() -> list[ctypes.CDLL]:
+    libs = [_llama.llama_cpp._lib]
+    lib_dir = Path(_llama.__file__).resolve().parent / "lib"
+    try:
+        from llama_cpp import _ctypes_extensions
+
+        for name in ("ggml", "ggml-base"):
+            try:
+                libs.append(_ctypes_extensions.load_shared_library(name, lib_dir))
+            except (OSError, RuntimeError, FileNotFoundError):
+                pass
+    except ImportError:
+        pass
+    return libs
+
+
+def _ggml() -> dict[str, Callable]:
+    """ggml's registry functions, bound once (they live in libggml / libggml-base)."""
+    global _ggml_fns
+    if _ggml_fns is None:
+        _llama.llama_supports_gpu_offload()  # loads dynamic backends first, as llama.cpp does
+        libs = _ggml_libraries()
+        fns: dict[str, Callable] = {}
+        for name, (restype, argtypes) in _GGML_SIGNATURES.items():
+            fn = next((f for lib in libs if (f := getattr(lib, name, None)) is not None), None)
+            if fn is None:
+                raise EngineError(f"this engine's ggml does not export {name}")
+            fn.restype, fn.argtypes = restype, argtypes
+            fns[name] = fn
+        _ggml_fns = fns
+    return _ggml_fns
+
+
+def _is_rpc_device(dev: int) -> bool:
+    g = _ggml()
+    name = g["ggml_backend_reg_name"](g["ggml_backend_dev_backend_reg"](dev)) or b""
+    return name.startswith(b"RPC")
+
+
+def local_gpu_present() -> bool:
+    """A GPU on this machine llama.cpp can offload to. An RPC build's `llama_supports_gpu_offload()`
+    says yes on any machine (it counts the RPC backend), so devices are counted here instead."""
+    if not _llama.llama_supports_gpu_offload():
+        return False
+    try:
+        g = _ggml()
+    except EngineError:
+        return True  # no registry to ask: trust llama.cpp
+    for i in range(g["ggml_backend_dev_count"]()):
+        dev = g["ggml_backend_dev_get"](i)
+        if g["ggml_backend_dev_type"](dev) in (_DEV_GPU, _DEV_IGPU) and not _is_rpc_device(dev):
+            return True
+    return False
+
+
+def _rpc_proc(name: str) -> int | None:
+    """The RPC backend's function `name`, or None in an engine built without RPC."""
+    try:
+        g = _ggml()
+    except EngineError:
+        return None
+    reg = g["ggml_backend_reg_by_name"](b"RPC")
+    if not reg:
+        return None
+    return g["ggml_backend_reg_get_proc_address"](reg, name.encode()) or None
+
+
+def rpc_supported() -> bool:
+    """The engine was built with llama.cpp's RPC backend (the default engine build)."""
+    return _rpc_proc("ggml_backend_rpc_add_server") is not None
+
+
+def require_rpc() -> None:
+    if not rpc_supported():
+        raise EngineError(RPC_MISSING)
+
+
+@dataclass(frozen=True)
+class BackendDevice:
+    name: str  # e.g. RPC0, CPU, CUDA0
+    description: str  # an RPC device's is its server's HOST:PORT
+    memory_free: int
+    memory_total: int
+
+
+def _device(dev: int) -> BackendDevice:
+    g = _ggml()
+    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    g["ggml_backend_dev_memory"](dev, ctypes.byref(free), ctypes.byref(total))
+    return BackendDevice(name=(g["ggml_backend_dev_name"](dev) or b"?").decode("utf-8", "replace"),
+                         description=(g["ggml_backend_dev_description"](dev) or b"").decode("utf-8", "replace"),
+                         memory_free=int(free.value), memory_total=int(total.value))
+
+
+def rpc_register_server(endpoint: str) -> list[BackendDevice]:
+    """Register an RPC server's devices with llama.cpp, as `--rpc` does (ggml_backend_rpc_add_server,
+    then ggml_backend_register): every model loaded from now on may place layers on them.
+
+    llama.cpp aborts the process when the server cannot be reached: model_backend/rpc.py greets the
+    server first (call `rpc.connect`, not this)."""
+    add = _rpc_proc("ggml_backend_rpc_add_server")
+    if add is None:
+        raise EngineError(RPC_MISSING)
+    g = _ggml()
+    reg = _RPC_ADD_SERVER(add)(endpoint.encode())
+    if not reg:
+        raise EngineError(f"RPC server {endpoint} offers no devices")
+    with _rpc_lock:
+        g["ggml_backend_register"](reg)
+    return [_device(g["ggml_backend_reg_dev_get"](reg, i)) for i in range(g["ggml_backend_reg_dev_count"](reg))]
+
+
+def rpc_devices() -> list[BackendDevice]:
+    """The registered RPC servers' devices (each query asks its server for free memory)."""
+    try:
+        g = _ggml()
+    except EngineError:
+        return []
+    devs = (g["ggml_backend_dev_get"](i) for i in range(g["ggml_backend_dev_count"]()))
+    return [_device(d) for d in devs if _is_rpc_device(d)]
+
+
+_ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+_abort_note: dict[str, object] = {"text": None, "callback": None}
+
+
+@_ABORT_CALLBACK
+def _on_ggml_abort(message: bytes | None) -> None:
+    # ggml calls abort() right after this returns: say it in one line and end the process with
+    # dgchat's error status instead of a core dump and a debugger's backtrace
+    detail = (message or b"").decode("utf-8", errors="replace").strip()
+    os.write(2, f"\ndgchat: error: {_abort_note['text']} (llama.cpp: {detail})\n".encode())
+    os._exit(2)
+
+
+def explain_engine_aborts(text: str) -> None:
+    """From now on a fatal llama.cpp error (GGML_ABORT) ends the process with `text` and exit code 2.
+
+    The RPC client aborts when a server goes away mid-generation (ggml-rpc.cpp asserts every reply):
+    nothing can keep the process alive then, but the user gets a reason instead of a crash dump."""
+    try:
+        setter = next(f for lib in _ggml_libraries() if (f := getattr(lib, "ggml_set_abort_callback", None)))
+    except StopIteration:
+        return
+    setter.restype, setter.argtypes = ctypes.c_void_p, [_ABORT_CALLBACK]
+    _abort_note["text"] = text
+    _abort_note["callback"] = _on_ggml_abort
+    setter(_on_ggml_abort)
+
+
+def _rpc_in_use() -> bool:
+    with _rpc_lock:
+        return _rpc_models_alive > 0
+
+
+def run_rpc_server(endpoint: str, *, n_threads: int, use_gpu: bool = True, cache_dir: str | None = None,
+                   started: Callable[[list[BackendDevice]], None] | None = None) -> None:
+    """Serve this machine's devices to llama.cpp RPC clients at `endpoint` ("IPv4:PORT"), as
+    upstream's rpc-server does: the local GPUs (when `use_gpu` and there are any), else the CPU.
+    Blocks until the server fails; returns after llama.cpp printed why (e.g. the port is taken)."""
+    start = _rpc_proc("ggml_backend_rpc_start_server")
+    if start is None:
+        raise EngineError(RPC_MISSING)
+    g = _ggml()
+    devs = [g["ggml_backend_dev_get"](i) for i in range(g["ggml_backend_dev_count"]())]
+    chosen = [d for d in devs if use_gpu and g["ggml_backend_dev_type"](d) in (_DEV_GPU, _DEV_IGPU)
+              and not _is_rpc_device(d)]
+    if not chosen:
+        cpu = g["ggml_backend_dev_by_type"](_DEV_CPU)
+        if not cpu:
+            raise EngineError("llama.cpp found no CPU device to serve")
+        chosen = [cpu]
+    if started is not None:
+        started([_device(d) for d in chosen])
+    array = (ctypes.c_void_p * len(chosen))(*chosen)
+    _RPC_START_SERVER(start)(endpoint.encode(), cache_dir.encode() if cache_dir else None,
+                             max(1, n_threads), len(chosen), array)
 
 
 # -- dgchat's diffusion head (engine/patches/0006) ------------------------------------------------
@@ -333,9 +546,17 @@ class LlamaModel:
 
         check_model_header(self.header)
         params = _llama.llama_model_default_params()
+        # layers go to local GPUs and registered RPC servers (model_backend/rpc.py); llama.cpp
+        # puts the RPC servers first and splits the layers by each device's free memory
+        from dgchat.model_backend import rpc
+
+        remote = rpc.registered()
+        gpu = local_gpu_present()
         if n_gpu_layers is None:
-            n_gpu_layers = 999 if _llama.llama_supports_gpu_offload() else 0
+            n_gpu_layers = 999 if (gpu or remote) else 0
         params.n_gpu_layers = n_gpu_layers
+        if remote and n_gpu_layers > 0 and not _rpc_in_use():
+            rpc.check_before_load()  # llama.cpp aborts the process on a server that went away
         self._progress_cb = None
         if progress is not None:
 
@@ -351,6 +572,11 @@ class LlamaModel:
         if not self._ptr:
             reason = _last_error_line() or "llama.cpp could not load it"
             raise ModelFileError(f"{self.path.name}: {reason}")
+        self._holds_rpc = bool(remote and n_gpu_layers > 0)
+        if self._holds_rpc:
+            global _rpc_models_alive
+            with _rpc_lock:
+                _rpc_models_alive += 1
         self._vocab = _llama.llama_model_get_vocab(self._ptr)
         self.n_vocab = int(_llama.llama_vocab_n_tokens(self._vocab))
         self.n_embd = int(_llama.llama_model_n_embd(self._ptr))
@@ -359,7 +585,8 @@ class LlamaModel:
         self.n_swa = int(_llama.llama_model_n_swa(self._ptr))
         self.n_gpu_layers = n_gpu_layers
         # llama.cpp offloads the output layer (the LM head) once every repeating layer is offloaded
-        self.output_on_gpu = bool(_llama.llama_supports_gpu_offload()) and n_gpu_layers > self.n_layer
+        # (to the last device: an RPC server's may be a CPU, so only a local GPU counts here)
+        self.output_on_gpu = gpu and n_gpu_layers > self.n_layer
         self.is_diffusion_arch = bool(_llama.llama_model_is_diffusion(self._ptr))
         self._named: frozenset[int] | None = None  # bos, eos, ... ids (is_special)
 
@@ -368,6 +595,11 @@ class LlamaModel:
         if getattr(self, "_ptr", None):
             _llama.llama_model_free(self._ptr)
             self._ptr = None
+            if getattr(self, "_holds_rpc", False):
+                global _rpc_models_alive
+                with _rpc_lock:
+                    _rpc_models_alive -= 1
+                self._holds_rpc = False
 
     def __del__(self) -> None:
         self.close()

@@ -12,6 +12,12 @@ stays byte-identical by construction.
 
 Long documents: the prompt keeps the last MAX_BEFORE_TOKENS tokens before the span, the canvas the
 first MAX_AFTER_TOKENS after it, and both shrink further when the model's context is smaller.
+
+On a server (plan_remote) there is no tokenizer here: the text goes over the wire as text. A rewrite
+is /v1/completions with the text before as `prompt` and the text after as `suffix`, which dgchat
+serve fills as the same kind of canvas (exactly `max_tokens` positions before the fixed suffix);
+other servers have no such infill, so only continuing works there. The span's length is estimated
+from the selection's characters (+/- adjust it), and the text around it is cut by characters.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from dgchat.app.engine_protocol import Engine
+from dgchat.app.engine_protocol import Engine, served
 from dgchat.model_backend.errors import DgchatError
 from dgchat.model_backend.events import FinalEvent
 from dgchat.model_backend.masked_diffusion import CanvasTemplate
@@ -36,6 +42,11 @@ AFTER_CHARS = 8_000
 DEFAULT_FILL_TOKENS = 16  # a fill at the cursor (nothing selected)
 MAX_SPAN_TOKENS = 512
 DRAFT_TEMPERATURE = 0.8  # masked models: a retry with the next seed gives another proposal
+# on a server: no tokenizer, so lengths in characters (a token is rarely under 2 characters of text)
+REMOTE_BEFORE_CHARS = 2 * MAX_BEFORE_TOKENS
+REMOTE_AFTER_CHARS = 2 * MAX_AFTER_TOKENS
+CHARS_PER_TOKEN = 4  # a selection's span estimated from its length (English text: about 4 a token)
+DEFAULT_CONTINUE_TOKENS = 64  # continuing on a server without diffusion settings (no canvas length)
 
 
 @dataclass(frozen=True)
@@ -143,7 +154,9 @@ def plan_continue(engine: Engine, request: DraftRequest, base: DiffusionParams) 
     vocab = vocab_for(engine)
     p = _sampling(engine, base, request.seed)
     if request.length:
-        p = replace(p, gen_length=request.length, max_tokens=request.length, block_length=None)
+        # a chosen length is one block (the model's block length need not divide it), as a rewrite's span
+        p = replace(p, gen_length=request.length, max_tokens=request.length, block_length=None,
+                    eps=p.eps if p.eps is not None else 1e-3)
     bias = tuple((t, -100.0) for t in vocab.control)
     p = replace(p, logit_bias=p.logit_bias + bias)
     params = engine.resolve(p)
@@ -157,7 +170,59 @@ def plan_continue(engine: Engine, request: DraftRequest, base: DiffusionParams) 
     return DraftPlan("continue", prompt, params, None, int(params.gen_length))
 
 
+def estimate_tokens(text: str) -> int:
+    """About how many tokens `text` is, without a tokenizer (0 for no text)."""
+    return -(-len(text) // CHARS_PER_TOKEN) if text else 0
+
+
+def plan_remote(engine: Engine, request: DraftRequest, base: DiffusionParams) -> DraftPlan:
+    """The request for a server's model (see the module docstring): the prompt is a RemotePrompt
+    carrying the text (and, for a rewrite, the text after as the completion's suffix)."""
+    from dgchat.remote import RemotePrompt
+
+    server = served(engine)
+    if server is None:
+        raise DgchatError("plan_remote needs a server's model")
+    before = request.before[-REMOTE_BEFORE_CHARS:] or "\n"  # a server refuses an empty prompt
+    p = _sampling(engine, base, request.seed)
+    if request.kind == "rewrite":
+        if not server.is_dgchat:
+            raise DgchatError(no_infill_message(server.url))
+        span = request.length or estimate_tokens(request.selected) or DEFAULT_FILL_TOKENS
+        span = max(1, min(MAX_SPAN_TOKENS, span))
+        # the server lays the canvas out (the span, then the suffix; one block): this is its span
+        p = replace(p, block_length=None, eps=p.eps if p.eps is not None else 1e-3, gen_length=span, max_tokens=span)
+        resolved = engine.resolve(p)
+        if not engine.info.uniform_state:  # as plan_rewrite: at most one step per position
+            p = replace(p, steps=min(int(resolved.steps or span), span))
+        prompt = RemotePrompt(text=before, suffix=request.after[:REMOTE_AFTER_CHARS])
+    else:
+        if request.length:  # one block of that length (eps: no block length to fall back on)
+            p = replace(p, gen_length=request.length, max_tokens=request.length, block_length=None,
+                        eps=p.eps if p.eps is not None else 1e-3)
+        elif not server.is_dgchat:
+            p = replace(p, max_tokens=p.max_tokens or p.gen_length or DEFAULT_CONTINUE_TOKENS)
+        if server.is_dgchat:
+            resolved = engine.resolve(p)
+            if resolved.max_tokens and resolved.max_tokens > resolved.gen_length:
+                p = replace(p, max_tokens=resolved.gen_length)  # one canvas: the proposal is shown whole
+        prompt = RemotePrompt(text=before)
+    plain = DiffusionParams()  # what this server cannot take is left at its own default
+    p = replace(p, **{name: getattr(plain, name) for name in server.unsupported(p)})
+    params = engine.resolve(p)
+    engine.check_fits(0, params)
+    span = int(params.max_tokens or params.gen_length or 0)
+    return DraftPlan(request.kind, prompt, params, None, span)
+
+
+def no_infill_message(url: str) -> str:
+    return (f"{url} is not a dgchat serve server: it has no infill (/v1/infill, or /v1/completions with a "
+            "suffix), so rewriting a selection needs a dgchat serve server. Ctrl+G (continue) works here.")
+
+
 def plan(engine: Engine, request: DraftRequest, base: DiffusionParams) -> DraftPlan:
+    if served(engine) is not None:
+        return plan_remote(engine, request, base)
     return (plan_rewrite if request.kind == "rewrite" else plan_continue)(engine, request, base)
 
 
@@ -173,7 +238,10 @@ def clean_text(text: str) -> str:
 
 
 def proposal_text(engine: Engine, plan: DraftPlan, final: FinalEvent) -> str:
-    """The proposed text: the span's (or the continuation's) bytes, decoded (and cleaned)."""
+    """The proposed text: the span's (or the continuation's) bytes, decoded (and cleaned). On a
+    server, the server's text (it has cut it at the span, or at the end token)."""
+    if served(engine) is not None:
+        return clean_text(final.text)
     vocab = vocab_for(engine)
     tokens = np.asarray(final.tokens, dtype=np.int32)
     if plan.kind == "rewrite":

@@ -9,6 +9,10 @@ place: while it runs and until it is decided, the editor is replaced by a previe
 with the canvas at the span. Enter / y accepts it (one edit: Ctrl+Z undoes it), Esc / n rejects it
 (the document is untouched), r asks again with the next seed, + / - asks for a longer or shorter
 span; Esc while it runs stops it. The model math is drafting_plan's and the engine's.
+
+On a server (`dgchat --server URL`) the same keys work: against dgchat serve the canvas streams from
+the server (a rewrite is a completion with the text after as its suffix); a server without infill
+(vLLM, ...) can continue from the cursor, and a rewrite there says why it cannot be done.
 """
 
 from __future__ import annotations
@@ -19,7 +23,13 @@ from typing import Any
 
 from dgchat.app import paths
 from dgchat.app.breakpoints import WIDTH_BREAKPOINTS
-from dgchat.app.drafting_plan import DraftPlan, DraftRequest, plan, proposal_text
+from dgchat.app.drafting_plan import (
+    DraftPlan,
+    DraftRequest,
+    no_infill_message,
+    plan,
+    proposal_text,
+)
 from dgchat.app.engine_protocol import Engine, served
 from dgchat.app.error_modal import ErrorModal
 from dgchat.app.paths import short_path
@@ -37,8 +47,6 @@ from textual.widgets import Footer, Header, TextArea
 from textual.widgets.text_area import Selection
 
 AUTOSAVE_DELAY = 1.0  # seconds after the last change
-NOT_ON_A_SERVER = ("Drafting is not available against a server yet: it lays out its canvas with the model's "
-                   "tokenizer. Open a local model (Ctrl+P → model: open…) to draft.")
 
 
 def open_drafting(app: Any) -> None:
@@ -222,9 +230,10 @@ class DraftingScreen(ToolScreen):
         engine = self.engine_for_job()
         if engine is None:
             return
-        if served(engine) is not None:
-            # drafting lays out a token-level canvas around the text: that needs the model's tokenizer
-            self.notify(NOT_ON_A_SERVER, severity="warning", timeout=8)
+        server = served(engine)
+        if server is not None and proposal.request.kind == "rewrite" and not server.is_dgchat:
+            # said before anything is sent: the server has no way to fill a span between two texts
+            self.notify(no_infill_message(server.url), severity="warning", timeout=8)
             return
         editor = self.editor
         proposal.engine = engine
@@ -370,6 +379,11 @@ class DraftingScreen(ToolScreen):
             if job is not None and job.running:
                 done, total = job.progress
                 state = " · stopping…" if job.cancel.is_set() else " · Esc stops"
+                server = served(proposal.engine)
+                if server is not None and not total:  # nothing back from the server yet
+                    bar.set_text(f"{what}{size} · seed {request.seed} · waiting for the server…{state}")
+                    bar.set_loading(0.0)
+                    return
                 bar.set_text(f"{what}{size} · seed {request.seed} · step {done}/{total}{state}")
                 bar.set_loading(done / total if total else 0.0)
                 return

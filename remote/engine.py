@@ -24,8 +24,10 @@ What a server cannot give, and what the app must do instead:
 - **Pieces** are known only for tokens the server has shown (canvas snapshots); `piece()` of any
   other id is "". `detokenize()` joins pieces, so partial text of a multi-byte character split over
   tokens may show U+FFFD until the final text (the server's) replaces it.
-- **Templates** (`generate(..., template=...)`, the drafting tool's token-level canvas) are refused:
-  drafting over a server needs /v1/completions with a suffix (dgchat serve) - not wired yet.
+- **Templates** (`generate(..., template=...)`, a token-level canvas) are refused. Text between a
+  prompt and a fixed suffix (the drafting screen's rewrite) is a `RemotePrompt(text=..., suffix=...)`:
+  /v1/completions with `suffix`, which dgchat serve fills as a canvas (exactly `max_tokens` positions
+  before the suffix); other servers have no such infill.
 - `resolve()` fills unset settings from the server's resolved defaults (dgchat serve reports them in
   /v1/models); other servers report none, so only `max_tokens` is filled. The server has the last
   word: the settings it used come back in `FinalEvent.extra["settings"]`.
@@ -88,19 +90,23 @@ class RemotePrompt(np.ndarray):
 
     messages: list[dict[str, Any]] | None
     text: str | None
+    suffix: str | None  # completions only: the text after the answer (dgchat serve fills in between)
 
-    def __new__(cls, messages: Sequence[dict[str, Any]] | None = None, text: str | None = None) -> RemotePrompt:
+    def __new__(cls, messages: Sequence[dict[str, Any]] | None = None, text: str | None = None,
+                suffix: str | None = None) -> RemotePrompt:
         obj = np.zeros(0, dtype=np.int32).view(cls)
         obj.messages = [dict(m) for m in messages] if messages is not None else None
         obj.text = text
+        obj.suffix = suffix
         return obj
 
     def __array_finalize__(self, obj: Any) -> None:
         self.messages = getattr(obj, "messages", None)
         self.text = getattr(obj, "text", None)
+        self.suffix = getattr(obj, "suffix", None)
 
     def same_input(self, other: RemotePrompt) -> bool:
-        return self.messages == other.messages and self.text == other.text
+        return self.messages == other.messages and self.text == other.text and self.suffix == other.suffix
 
 
 class RemoteVocabulary:
@@ -322,6 +328,8 @@ class RemoteEngine:
             body["messages"] = prompt.messages
             return "/v1/chat/completions", body
         body["prompt"] = prompt.text or ""
+        if prompt.suffix:
+            body["suffix"] = prompt.suffix
         return "/v1/completions", body
 
     # -- generation -----------------------------------------------------------------------------

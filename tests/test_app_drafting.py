@@ -155,6 +155,14 @@ async def test_continue_at_the_cursor_and_longer_proposals(home, llada_gguf):
         proposal = await _propose(pilot, screen, "ctrl+g")
         assert screen.proposal.plan.kind == "continue" and screen.proposal.plan.template is None
         assert screen.proposal.plan.span == 32  # the config's canvas length
+        # + on a continuation: 48 tokens, not a multiple of the model's block length 32 (one block)
+        await pilot.press("plus")
+        await wait_for(pilot, lambda: screen.proposal is not None and screen.proposal.text is not None
+                       and not screen.engine_busy and screen.proposal.plan.span == 48, 30)
+        await pilot.press("minus")
+        await wait_for(pilot, lambda: screen.proposal is not None and screen.proposal.text is not None
+                       and not screen.engine_busy and screen.proposal.plan.span < 48, 30)
+        proposal = screen.proposal.text
         await pilot.press("enter")
         await pilot.pause()
         assert editor.text == "Once upon a time" + proposal

@@ -604,14 +604,11 @@ CONFIG_HEADER = (
 )
 
 
-def save_default_model(config_path: Path, model_path: Path | str | None) -> None:
-    """Set (or with None remove) `default_model` in the config file, keeping everything else as it
-    is (comments, other keys, tables); creates the file if there is none. Atomic."""
+def _config_lines(config_path: Path) -> list[str]:
+    """The config file's lines, each ending in a newline (a new file's header when there is none),
+    for the edits below that keep comments and everything they do not touch."""
     from dgchat.app.config import ConfigError
-    from dgchat.app.paths import atomic_write_text
-    from dgchat.npc.toml_write import toml_string
 
-    config_path = Path(config_path)
     try:
         old = config_path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -621,6 +618,18 @@ def save_default_model(config_path: Path, model_path: Path | str | None) -> None
     lines = old.splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
+    return lines
+
+
+def save_default_model(config_path: Path, model_path: Path | str | None) -> None:
+    """Set (or with None remove) `default_model` in the config file, keeping everything else as it
+    is (comments, other keys, tables); creates the file if there is none. Atomic."""
+    from dgchat.app.config import ConfigError
+    from dgchat.app.paths import atomic_write_text
+    from dgchat.npc.toml_write import toml_string
+
+    config_path = Path(config_path)
+    lines = _config_lines(config_path)
     first_table = next((i for i, line in enumerate(lines) if _TABLE_RE.match(line)), len(lines))
     kept = [line for i, line in enumerate(lines) if i >= first_table or not _DEFAULT_RE.match(line)]
     first_table -= len(lines) - len(kept)
@@ -652,15 +661,7 @@ def save_server(config_path: Path, url: str | None, api_key: str | None = None) 
     from dgchat.npc.toml_write import toml_string
 
     config_path = Path(config_path)
-    try:
-        old = config_path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        old = CONFIG_HEADER
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{config_path}: cannot be read: {exc}") from None
-    lines = old.splitlines(keepends=True)
-    if lines and not lines[-1].endswith("\n"):
-        lines[-1] += "\n"
+    lines = _config_lines(config_path)
     header = next((i for i, line in enumerate(lines) if _SERVER_TABLE_RE.match(line)), None)
     if header is not None:
         end = next((i for i in range(header + 1, len(lines)) if _TABLE_RE.match(lines[i])), len(lines))

@@ -577,7 +577,7 @@ class LlamaModel:
             global _rpc_models_alive
             with _rpc_lock:
                 _rpc_models_alive += 1
-        self._vocab = _llama.llama_model_get_vocab(self._ptr)
+        self._vocab_ptr = _llama.llama_model_get_vocab(self._ptr)
         self.n_vocab = int(_llama.llama_vocab_n_tokens(self._vocab))
         self.n_embd = int(_llama.llama_model_n_embd(self._ptr))
         self.n_layer = int(_llama.llama_model_n_layer(self._ptr))
@@ -589,6 +589,14 @@ class LlamaModel:
         self.output_on_gpu = gpu and n_gpu_layers > self.n_layer
         self.is_diffusion_arch = bool(_llama.llama_model_is_diffusion(self._ptr))
         self._named: frozenset[int] | None = None  # bos, eos, ... ids (is_special)
+
+    @property
+    def _vocab(self) -> ctypes.c_void_p:
+        """The vocabulary lives inside the model: after close() llama.cpp has freed it, and a call
+        through the stale pointer would crash the process, so it is an error instead."""
+        if not getattr(self, "_ptr", None):
+            raise EngineError("the model was closed: its vocabulary is gone (use the engine inside its `with`)")
+        return self._vocab_ptr
 
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:

@@ -61,18 +61,23 @@ def run(args: argparse.Namespace) -> int:
     model_path = resolve_model_path(args.model)
     engine = DiffusionEngine.load(model_path, n_gpu_layers=args.n_gpu_layers, n_threads=args.threads)
     try:
-        if args.raw:
-            prompt = engine.encode(prompt_text, special=True)  # the raw prompt's author writes the markers
-        else:
-            messages = ([{"role": "system", "content": args.system}] if args.system else [])
-            messages.append({"role": "user", "content": prompt_text})
-            prompt = engine.chat_prompt(messages)
+        prompt = _prompt(engine, args, prompt_text)
         resolved = engine.resolve(params)
         with ctrl_c_cancels() as cancel:
             final = _drive(engine, prompt, resolved, cancel, visual=args.visual and not args.json)
         return _report(final, args, lambda: _as_json(final, engine, model_path, resolved))
     finally:
         engine.close()
+
+
+def _prompt(engine, args: argparse.Namespace, prompt_text: str):
+    """The prompt's tokens: the chat template around a user turn (and --system), or with --raw the
+    text as written, its author writing the markers."""
+    if args.raw:
+        return engine.encode(prompt_text, special=True)
+    messages = ([{"role": "system", "content": args.system}] if args.system else [])
+    messages.append({"role": "user", "content": prompt_text})
+    return engine.chat_prompt(messages)
 
 
 def _report(final: FinalEvent, args: argparse.Namespace, as_json: Callable[[], dict[str, Any]]) -> int:
@@ -150,12 +155,7 @@ def _run_remote(args: argparse.Namespace, url: str, api_key: str | None) -> int:
             kind = "dgchat serve" if engine.is_dgchat else "this server (not a dgchat server)"
             raise InvalidParameterError(f"{kind} at {engine.url} takes no "
                                         f"{', '.join(flag(u) for u in unsupported)}")
-        if args.raw:
-            prompt = engine.encode(prompt_text, special=True)  # refused: the markers need the tokenizer
-        else:
-            messages = ([{"role": "system", "content": args.system}] if args.system else [])
-            messages.append({"role": "user", "content": prompt_text})
-            prompt = engine.chat_prompt(messages)
+        prompt = _prompt(engine, args, prompt_text)  # --raw is refused there: markers need the tokenizer
         resolved = engine.resolve(params)
         with ctrl_c_cancels() as cancel:
             final = _drive(engine, prompt, resolved, cancel, visual=visual)

@@ -4,10 +4,9 @@ failures a user meets (server down, wrong key) with nothing they typed lost."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from fixtures.served_llada import engine, server  # noqa: F401 - module-scoped fixtures
 from fixtures.app_harness import SIZE, GatedEngine, make_app, setup_home, type_text, wait_for, wait_idle, wait_model
 from fixtures.fake_openai import FakeServer, Reply
 
@@ -17,23 +16,10 @@ from dgchat.app.error_modal import ErrorModal
 from dgchat.app.generation import ChatAnswer
 from dgchat.app.store import Store
 from dgchat.model_backend.canvas import Cell
-from dgchat.model_backend.engine import DiffusionEngine
 from dgchat.model_backend.events import FinalEvent, StepEvent
 from dgchat.server.app import ServeConfig, ServerThread
 
 TOKEN = "app-remote-token"
-
-
-@pytest.fixture(scope="module")
-def engine(llada_gguf: Path) -> Iterator[DiffusionEngine]:
-    with DiffusionEngine.load(llada_gguf, n_threads=1) as e:
-        yield e
-
-
-@pytest.fixture(scope="module")
-def server(engine) -> Iterator[ServerThread]:
-    with ServerThread(engine, ServeConfig(port=0, quiet=True)) as st:
-        yield st
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ local model is chosen while the config names a server."""
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,8 @@ from dgchat.app.config import load_config
 from dgchat.app.confirm_modal import ConfirmModal
 from dgchat.app.model_source import ServerSource
 from dgchat.app.models_screen import ModelsScreen
-from dgchat.model_backend.engine import DiffusionEngine
 from dgchat.server.app import ServeConfig, ServerThread
+from fixtures.served_llada import engine, server  # noqa: F401 - module-scoped fixtures
 from fixtures.app_harness import (
     FAST_SAMPLER,
     make_app,
@@ -31,18 +30,6 @@ from fixtures.wizard_harness import SIZE, first_run_home, press, to_model_step
 from textual.widgets import Checkbox, Input
 
 TOKEN = "setup-token"
-
-
-@pytest.fixture(scope="module")
-def engine(llada_gguf: Path) -> Iterator[DiffusionEngine]:
-    with DiffusionEngine.load(llada_gguf, n_threads=1) as e:
-        yield e
-
-
-@pytest.fixture(scope="module")
-def server(engine) -> Iterator[ServerThread]:
-    with ServerThread(engine, ServeConfig(port=0, quiet=True)) as st:
-        yield st
 
 
 @pytest.fixture

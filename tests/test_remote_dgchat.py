@@ -7,11 +7,11 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures.served_llada import engine, server  # noqa: F401 - module-scoped fixtures
 from fixtures.fake_openai import SilentServer, free_port
 
 from dgchat.model_backend.canvas_view import shown_cells
@@ -23,18 +23,6 @@ from dgchat.server.app import ServeConfig, ServerThread
 
 MESSAGES = [{"role": "system", "content": "You are a guard."}, {"role": "user", "content": "Who goes there?"}]
 TOKEN = "remote-test-token"
-
-
-@pytest.fixture(scope="module")
-def engine(llada_gguf: Path) -> Iterator[DiffusionEngine]:
-    with DiffusionEngine.load(llada_gguf, n_threads=1) as e:
-        yield e
-
-
-@pytest.fixture(scope="module")
-def server(engine) -> Iterator[ServerThread]:
-    with ServerThread(engine, ServeConfig(port=0, quiet=True)) as st:
-        yield st
 
 
 def _local(engine: DiffusionEngine, params: DiffusionParams) -> tuple[list[StepEvent], FinalEvent]:

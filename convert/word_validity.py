@@ -186,22 +186,52 @@ def answer_text(engine: Any, tokens: Iterable[int]) -> str:
     return engine.detokenize([int(t) for t in tokens if not engine.is_special(int(t))])
 
 
+def parse_settings(items: Sequence[str]) -> dict[str, Any]:
+    """`--set name=value` pairs as DiffusionParams fields (ints, floats, or text)."""
+    from dataclasses import fields
+
+    from dgchat.model_backend.params import DiffusionParams
+
+    known = {f.name for f in fields(DiffusionParams)}
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or name not in known or name in ("seed", "autoregressive"):
+            raise ValueError(f"--set {item!r}: expected NAME=VALUE with NAME a sampler setting (e.g. steps=12)")
+        value: Any = raw.strip()
+        for conv in (int, float):
+            try:
+                value = conv(value)
+                break
+            except ValueError:
+                continue
+        out[name] = value
+    return out
+
+
 def measure(engine: Any, prompts: Sequence[dict[str, str]], vocabulary: frozenset[str],
-            seeds: Sequence[int] = DEFAULT_SEEDS, *, progress: bool = False) -> dict[str, Any]:
-    """Answer every prompt with every seed by diffusion and by --ar (model defaults); score and time them."""
+            seeds: Sequence[int] = DEFAULT_SEEDS, *, progress: bool = False,
+            diffusion_settings: dict[str, Any] | None = None, modes: Sequence[str] = ("diffusion", "ar"),
+            ) -> dict[str, Any]:
+    """Answer every prompt with every seed by diffusion and by --ar (model defaults unless
+    `diffusion_settings` overrides the diffusion side); score and time them."""
     from dgchat.model_backend.events import FinalEvent
     from dgchat.model_backend.params import DiffusionParams
 
-    scores = {mode: Score() for mode, _ in MODES}
-    tokens = {mode: 0 for mode, _ in MODES}
-    seconds = {mode: 0.0 for mode, _ in MODES}
+    run_modes = [(m, ar) for m, ar in MODES if m in modes]
+    scores = {mode: Score() for mode, _ in run_modes}
+    tokens = {mode: 0 for mode, _ in run_modes}
+    seconds = {mode: 0.0 for mode, _ in run_modes}
     answers: list[dict[str, Any]] = []
     for i, prompt in enumerate(prompts):
         ids = engine.chat_prompt(messages_for(prompt))
         for seed in seeds:
-            for mode, autoregressive in MODES:
+            for mode, autoregressive in run_modes:
                 final = None
-                for event in engine.generate(ids, DiffusionParams(seed=seed, autoregressive=autoregressive)):
+                extra = {} if autoregressive else dict(diffusion_settings or {})
+                params = DiffusionParams(seed=seed, autoregressive=autoregressive, **extra)
+                for event in engine.generate(ids, params):
                     if isinstance(event, FinalEvent):
                         final = event
                 assert final is not None
@@ -219,31 +249,37 @@ def measure(engine: Any, prompts: Sequence[dict[str, str]], vocabulary: frozense
             print(f"\r{i + 1}/{len(prompts)} prompts", end="", file=sys.stderr, flush=True)
     if progress:
         print(file=sys.stderr)
-    modes = {}
-    for mode, _ in MODES:
+    result = {}
+    for mode, _ in run_modes:
         s = scores[mode]
-        modes[mode] = {"word_validity": s.validity, "words": s.words, "valid_words": s.valid,
+        result[mode] = {"word_validity": s.validity, "words": s.words, "valid_words": s.valid,
                        "answers": len(prompts) * len(seeds), "tokens": tokens[mode],
                        "seconds": round(seconds[mode], 3),
                        "tok_per_s": tokens[mode] / seconds[mode] if seconds[mode] > 0 else 0.0,
                        "top_invalid": s.invalid.most_common(15)}
-    ar_speed = modes["ar"]["tok_per_s"]
+    ar_speed = result["ar"]["tok_per_s"] if "ar" in result else 0.0
+    diff_speed = result["diffusion"]["tok_per_s"] if "diffusion" in result else 0.0
     return {"model": str(engine.path), "prompts": len(prompts), "seeds": list(seeds), "n_threads": engine.n_threads,
-            "modes": modes, "speed_ratio": modes["diffusion"]["tok_per_s"] / ar_speed if ar_speed else 0.0,
-            "answers": answers}
+            "settings": dict(diffusion_settings or {}), "modes": result,
+            "speed_ratio": diff_speed / ar_speed if ar_speed else 0.0, "answers": answers}
 
 
 def table(report: dict[str, Any]) -> str:
-    rows = [f"{report['model']}: {report['prompts']} held-out prompts x seeds {report['seeds']}, model defaults",
+    settings = ", ".join(f"{k}={v}" for k, v in report.get("settings", {}).items())
+    rows = [f"{report['model']}: {report['prompts']} held-out prompts x seeds {report['seeds']}, "
+            + (f"diffusion with {settings}" if settings else "model defaults"),
             "",
             "| decoding | word validity | words | tok/s |",
             "|---|---|---|---|"]
     for mode, label in (("diffusion", "block diffusion"), ("ar", "--ar")):
+        if mode not in report["modes"]:
+            continue
         m = report["modes"][mode]
         rows.append(f"| {label} | {100 * m['word_validity']:.1f} % | {m['words']:,} | {m['tok_per_s']:.1f} |")
     rows.append("")
-    rows.append(f"speed ratio, diffusion tok/s / --ar tok/s (same run): {report['speed_ratio']:.2f}x")
-    for mode in ("diffusion", "ar"):
+    if len(report["modes"]) == 2:
+        rows.append(f"speed ratio, diffusion tok/s / --ar tok/s (same run): {report['speed_ratio']:.2f}x")
+    for mode in report["modes"]:
         top = ", ".join(f"{w} ({c})" for w, c in report["modes"][mode]["top_invalid"][:10]) or "none"
         rows.append(f"most frequent invalid words, {mode}: {top}")
     return "\n".join(rows)
@@ -264,7 +300,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON report (with every answer) here")
     ap.add_argument("--write-prompts", action="store_true", help="rebuild the prompt file from the sdist and exit")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="diffusion sampler setting instead of the model's default (repeatable), e.g. steps=12")
+    ap.add_argument("--diffusion-only", action="store_true", help="skip the --ar answers (for sampler sweeps)")
     args = ap.parse_args(argv)
+    try:
+        settings = parse_settings(args.set)
+    except ValueError as exc:
+        ap.error(str(exc))
 
     train_plays, held_out_plays = load_split(args.sdist, args.data_dir)
     if args.write_prompts:
@@ -282,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     with DiffusionEngine.load(model, n_threads=args.threads) as engine:
-        report = measure(engine, prompts, vocabulary, seeds, progress=not args.json)
+        report = measure(engine, prompts, vocabulary, seeds, progress=not args.json, diffusion_settings=settings,
+                         modes=("diffusion",) if args.diffusion_only else ("diffusion", "ar"))
     report["wall_s"] = round(time.perf_counter() - t0, 1)
     report["word_list_size"] = len(vocabulary)
     if args.out:

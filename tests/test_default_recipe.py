@@ -484,3 +484,108 @@ def test_ar_baseline_objective_runs(tiny_data, tmp_path):
     log = [json.loads(line) for line in (tmp_path / "ar" / "log.jsonl").read_text().splitlines()]
     val = [r for r in log if r["kind"] == "val"]
     assert val and "diff" not in val[-1] and "ar" in val[-1]
+
+
+# ---------------------------------------------------------------------------------------------
+# v2: noise schedule and the warm start from a shipped GGUF with a grown vocabulary
+
+
+def test_noise_levels_follow_t_power():
+    import torch
+
+    for power, mean in ((1.0, 0.5), (0.5, 2 / 3)):
+        s = replace(dmc.TrainSettings(), t_power=power, t_min=0.0)
+        t = td.noise_levels(s, (200_000,), torch.Generator().manual_seed(0))
+        assert float(t.min()) >= 0.0 and float(t.max()) <= 1.0
+        assert abs(float(t.mean()) - mean) < 0.005, (power, float(t.mean()))
+    s = dmc.V2_CONTINUATION
+    t = td.noise_levels(s, (200_000,), torch.Generator().manual_seed(0))
+    assert float(t.min()) >= s.t_min and float((t > 0.9).float().mean()) > 0.18  # v1: ~0.10
+
+
+@pytest.fixture(scope="module")
+def grown_data(tmp_path_factory, tiny_data):
+    """The tiny corpus again with a larger BPE: its first entries and merges are tiny_data's."""
+    d = tmp_path_factory.mktemp("recipe_data_grown")
+    train_play = plays_data.parse_play("testing", PLAY_UPPER)
+    val_play = plays_data.parse_play("second", PLAY_ABBREVIATED)
+    td.prepare_from_plays(d, [train_play], [val_play], vocab_size=340, max_seq_len=96, max_turn_tokens=40)
+    return d
+
+
+@pytest.mark.slow
+def test_warm_start_from_gguf_keeps_weights_and_grows_the_vocabulary(tiny_data, grown_data, tmp_path):
+    import torch
+
+    from dgchat.convert import warm_start
+    from dgchat.convert.api import convert
+
+    run = tmp_path / "v1"
+    _train(tiny_data, run, overrides={"steps": 2}, recipe="v1")
+    hf = td.export_hf(run, tiny_data, tmp_path / "hf")
+    gguf = convert(hf, tmp_path / "v1.gguf", outtype="f32").output
+    trained = td.build_model(0, TINY)
+    td.load_checkpoint(td.latest_checkpoint(run), trained)
+
+    # Same vocabulary: the very same model, losses and all
+    same = td.build_model(7, TINY)
+    info = warm_start.load_from_gguf(same, gguf, tiny_data / "tokenizer.json")
+    assert info["grown_tokens"] == 0
+    a, b = dict(trained.named_parameters()), dict(same.named_parameters())
+    for name in a:
+        if "vision" not in name:
+            torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=0, msg=name)
+    for name, buf in trained.named_buffers():
+        if name.endswith("layer_scalar"):
+            torch.testing.assert_close(buf, dict(same.named_buffers())[name])
+    s = replace(dmc.TrainSettings(), eval_batches=1, batch_size=2)
+    val = td.Windows(tiny_data / "val.npz")
+    ea = td.evaluate(trained, val, s, "diffusion", torch.device("cpu"), dmc.CANVAS_LENGTH, 2)
+    eb = td.evaluate(same, val, s, "diffusion", torch.device("cpu"), dmc.CANVAS_LENGTH, 2)
+    assert ea == pytest.approx(eb, rel=1e-5)
+
+    # Grown vocabulary: old rows kept, a new token is the mean of its merge's pieces
+    grown = td.build_model(7, replace(TINY, vocab_size=340))
+    info = warm_start.load_from_gguf(grown, gguf, grown_data / "tokenizer.json")
+    assert info == {"gguf": "v1.gguf", "old_vocab": 300, "new_vocab": 340, "grown_tokens": 40}
+    old = trained.model.decoder.embed_tokens.weight.detach()
+    new = grown.model.decoder.embed_tokens.weight.detach()
+    torch.testing.assert_close(new[:300], old, atol=1e-6, rtol=0)
+    tj = json.loads((grown_data / "tokenizer.json").read_text())
+    vocab = tj["model"]["vocab"]
+    merges = [m if isinstance(m, list) else m.split(" ") for m in tj["model"]["merges"]]
+    checked = 0
+    for x, y in merges:
+        k = vocab[x + y]
+        if k >= 300:
+            torch.testing.assert_close(new[k], (new[vocab[x]] + new[vocab[y]]) / 2, atol=1e-6, rtol=0)
+            checked += 1
+    assert checked == 40
+    torch.testing.assert_close(grown.model.decoder.layers[0].experts.gate_up_proj,
+                               trained.model.decoder.layers[0].experts.gate_up_proj, atol=1e-6, rtol=0)
+
+    # train() with --init-from logs the warm start and a step-0 evaluation, and records the file
+    run2 = tmp_path / "v2"
+    td.train(grown_data, run2, threads=None, overrides={**TINY_STEPS, "steps": 1}, precision="fp32",
+             arch=replace(TINY, vocab_size=340), init_from=gguf)
+    log = [json.loads(line) for line in (run2 / "log.jsonl").read_text().splitlines()]
+    assert log[0]["kind"] == "warm_start" and log[0]["grown_tokens"] == 40
+    assert log[1]["kind"] == "val" and log[1]["step"] == 0
+    assert json.loads((run2 / "settings.json").read_text())["init_from"]["file"] == "v1.gguf"
+
+
+def test_warm_start_refuses_a_tokenizer_that_does_not_extend_the_old_one():
+    from dgchat.convert import warm_start
+
+    tok = dtok.train_tokenizer(TOKENIZER_CORPUS, vocab_size=300)
+    tj = json.loads(tok.to_str())
+    vocab = {v: k for k, v in tj["model"]["vocab"].items()}
+    tokens = [vocab.get(i, "") for i in range(300)]
+    merges = [" ".join(m) if isinstance(m, list) else m for m in tj["model"]["merges"]]
+    warm_start.check_vocab_prefix(tokens[:250], merges[:10], tj)  # a prefix is fine
+    swapped = tokens[:250]
+    swapped[100], swapped[101] = swapped[101], swapped[100]
+    with pytest.raises(DgchatError, match="must extend the old one"):
+        warm_start.check_vocab_prefix(swapped, merges[:10], tj)
+    with pytest.raises(DgchatError, match="first merges differ"):
+        warm_start.check_vocab_prefix(tokens[:250], list(reversed(merges[:10])), tj)

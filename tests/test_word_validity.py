@@ -185,3 +185,28 @@ def test_cli_json_on_the_real_word_list(tmp_path, capsys):
     # the v1 model's left-to-right answers are words of the plays (issue 13: ~100 %)
     assert printed["modes"]["ar"]["word_validity"] >= 0.9
     assert printed["word_list_size"] > 20_000
+
+
+def test_set_parses_sampler_settings_and_refuses_unknown_names():
+    assert wv.parse_settings(["steps=12", "entropy-bound=1.5", "cache=prefix"]) == {
+        "steps": 12, "entropy_bound": 1.5, "cache": "prefix"}
+    for bad in ("steps", "stepz=3", "seed=4", "autoregressive=1"):
+        with pytest.raises(ValueError, match="NAME=VALUE"):
+            wv.parse_settings([bad])
+
+
+@pytest.mark.skipif(MODEL is None, reason="this installation has no bundled model")
+def test_a_sweep_changes_only_the_diffusion_side():
+    from dgchat.model_backend.engine import DiffusionEngine
+
+    prompts = wv.read_prompts()[:1]
+    vocabulary = frozenset({"i", "the"})
+    with DiffusionEngine.load(MODEL) as engine:
+        one = wv.measure(engine, prompts, vocabulary, seeds=(0,), diffusion_settings={"steps": 1},
+                         modes=("diffusion",))
+        many = wv.measure(engine, prompts, vocabulary, seeds=(0,), diffusion_settings={"steps": 24},
+                          modes=("diffusion",))
+    assert set(one["modes"]) == {"diffusion"} and one["settings"] == {"steps": 1}
+    assert [a["mode"] for a in one["answers"]] == ["diffusion"]
+    assert one["answers"][0]["text"] != many["answers"][0]["text"]  # one step leaves the canvas noisy
+    assert "| --ar |" not in wv.table(one) and "speed ratio" not in wv.table(one)

@@ -771,13 +771,7 @@ def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: s
                 "data_meta_sha256": _file_sha256(data_dir / "meta.json")}
     if init_from is not None:
         settings["init_from"] = {"file": Path(init_from).name, "sha256": _file_sha256(Path(init_from))}
-    settings_path = run_dir / "settings.json"
-    if settings_path.exists():
-        old = json.loads(settings_path.read_text())
-        if old != json.loads(json.dumps(settings)):
-            raise DgchatError(f"{run_dir} holds a run with different settings; use a new --run-dir")
-    else:
-        _atomic_json(settings_path, settings)
+    pin_run_settings(run_dir, settings)
 
     model = build_model(s.seed, arch).to(dev)
     model.train()
@@ -877,12 +871,30 @@ def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: s
             checkpoint()
         if max_minutes is not None and (time.time() - t_start) / 60 > max_minutes and step < s.steps:
             checkpoint()
-            log.write({"kind": "stopped", "step": step, "reason": f"--max-minutes {max_minutes}"})
-            print(f"stopped at step {step} (--max-minutes); rerun the same command to resume", flush=True)
+            log_stopped(log, step, max_minutes)
             return state
+    log_done(log, state)
+    return state
+
+
+def pin_run_settings(run_dir: Path, settings: dict[str, Any]) -> None:
+    """The first run writes settings.json; a resume must bring the very same settings."""
+    path = run_dir / "settings.json"
+    if path.exists():
+        if json.loads(path.read_text()) != json.loads(json.dumps(settings)):
+            raise DgchatError(f"{run_dir} holds a run with different settings; use a new --run-dir")
+    else:
+        _atomic_json(path, settings)
+
+
+def log_stopped(log: JsonlLog, step: int, max_minutes: float) -> None:
+    log.write({"kind": "stopped", "step": step, "reason": f"--max-minutes {max_minutes}"})
+    print(f"stopped at step {step} (--max-minutes); rerun the same command to resume", flush=True)
+
+
+def log_done(log: JsonlLog, state: dict[str, Any]) -> None:
     log.write({"kind": "done", "step": state["step"], "train_seconds": round(state["train_seconds"], 1),
                "tokens": state["tokens"]})
-    return state
 
 
 # --------------------------------------------------------------------------------------------

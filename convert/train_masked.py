@@ -373,12 +373,7 @@ def train(data_dir: Path, run_dir: Path, *, device: str = "cpu", threads: int | 
 
     settings = {"recipe": "masked", "precision": precision, "train": asdict(s), "arch": asdict(arch),
                 "data_meta_sha256": td._file_sha256(data_dir / "meta.json")}
-    settings_path = run_dir / "settings.json"
-    if settings_path.exists():
-        if json.loads(settings_path.read_text()) != json.loads(json.dumps(settings)):
-            raise DgchatError(f"{run_dir} holds a run with different settings; use a new --run-dir")
-    else:
-        td._atomic_json(settings_path, settings)
+    td.pin_run_settings(run_dir, settings)
 
     model = build_model(arch, s.seed).to(dev)
     model.train()
@@ -445,11 +440,9 @@ def train(data_dir: Path, run_dir: Path, *, device: str = "cpu", threads: int | 
         if step % s.ckpt_every == 0 or step == s.steps or stop:
             td.save_checkpoint(run_dir, model, optimizer, state)
         if stop:
-            log.write({"kind": "stopped", "step": step, "reason": f"--max-minutes {max_minutes}"})
-            print(f"stopped at step {step} (--max-minutes); rerun the same command to resume", flush=True)
+            td.log_stopped(log, step, max_minutes)
             return state
-    log.write({"kind": "done", "step": state["step"], "train_seconds": round(state["train_seconds"], 1),
-               "tokens": state["tokens"]})
+    td.log_done(log, state)
     return state
 
 

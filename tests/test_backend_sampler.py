@@ -2,7 +2,7 @@
 against the numpy samplers, which stay the specification.
 
 - the head's statistics equal `sampling.row_stats` of the very same logits for every filter,
-  bias and temperature combination, on a small (bundled model, 8,192 tokens) and a realistic
+  bias and temperature combination, on a small (bundled model, 16,384 tokens) and a realistic
   (32,768 tokens) vocabulary;
 - masked generations (every algorithm, threshold, batched) give the same tokens on both paths;
 - DiffusionGemma: with self-conditioning off whole generations give the same tokens; with it on,

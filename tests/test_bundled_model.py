@@ -32,7 +32,7 @@ HELD_OUT = (
     "<start_of_turn>MENENIUS\nWhat work's, my countrymen, in hand? where go you\n"
     "With bats and clubs? the matter? speak, I pray you.<end_of_turn>\n"
 )
-UNIGRAM_NATS = 6.49  # `train_default baselines`: unigram cross-entropy of the held-out plays
+UNIGRAM_NATS = 6.60  # `train_default baselines` (v2 tokenizer, 16,384 entries): unigram cross-entropy of the held-out plays
 
 NPC = [
     {"role": "system", "name": "INNKEEPER", "content": "You are INNKEEPER. Scene: A tavern in Eastcheap."},
@@ -113,7 +113,7 @@ def test_chat_turns_tokenize_to_the_special_tokens(engine) -> None:
 def test_held_out_loss_is_far_below_unigram(engine) -> None:
     ids = engine.encode(HELD_OUT, special=True)  # a rendered conversation: its markers are control tokens
     nll = -float(engine.pseudo_log_likelihood(ids[:1], ids[1:]).mean())
-    assert nll < UNIGRAM_NATS - 1.5, nll  # random weights give ~ln(8192) = 9.0
+    assert nll < UNIGRAM_NATS - 1.5, nll  # random weights give ~ln(16384) = 9.7
 
 
 def test_generate_defaults_to_the_bundled_model(tmp_path) -> None:

@@ -210,3 +210,26 @@ def test_a_sweep_changes_only_the_diffusion_side():
     assert [a["mode"] for a in one["answers"]] == ["diffusion"]
     assert one["answers"][0]["text"] != many["answers"][0]["text"]  # one step leaves the canvas noisy
     assert "| --ar |" not in wv.table(one) and "speed ratio" not in wv.table(one)
+
+
+def test_every_prompt_and_seed_gets_its_own_starting_canvas():
+    engine_seeds = {wv.engine_seed(s, i) for s in (0, 1, 2) for i in range(500)}
+    assert len(engine_seeds) == 1500
+
+
+@pytest.mark.skipif(MODEL is None, reason="this installation has no bundled model")
+def test_the_engine_sees_one_seed_per_prompt_and_seed():
+    from dgchat.model_backend.engine import DiffusionEngine
+
+    seen = []
+    with DiffusionEngine.load(MODEL) as engine:
+        generate = engine.generate
+
+        def recording(ids, params):
+            seen.append((params.seed, params.autoregressive))
+            return generate(ids, params)
+
+        engine.generate = recording
+        wv.measure(engine, wv.read_prompts()[:2], frozenset({"i"}), seeds=(0, 1), modes=("diffusion",))
+    assert seen == [(wv.engine_seed(s, i), False) for i in (0, 1) for s in (0, 1)]
+    assert len({s for s, _ in seen}) == 4

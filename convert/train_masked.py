@@ -8,8 +8,9 @@ cache-capable `llama` GGUF:
 
     python -m dgchat.convert.train_default prepare --data-dir D --sdist S --vocab-size 16384
     python -m dgchat.convert.train_masked train  --data-dir D --run-dir R [--steps N] [--max-minutes M] [--threads T]
+        [--answer-length 64 --pretrain-share 0.5 --init-embedding-from assets/dgchat-tiny-plays.gguf]
     python -m dgchat.convert.train_masked export --run-dir R --data-dir D --out R/hf [--gguf R/masked.gguf]
-    dgchat convert R/hf R/masked.gguf --cache-capable        # what `export --gguf` does
+    dgchat convert R/hf -o R/masked.gguf --cache-capable     # what `export --gguf` does
     dgchat generate -m R/masked.gguf -p "..." --cache prefix --threshold 0.9
 
 `train` resumes from the run's latest checkpoint (rerun the same command after --max-minutes);
@@ -35,6 +36,16 @@ positions weighted 1/p, summed per sequence, divided by its answer length (fill 
 averaged over the batch. Held-out evaluation: the same windows, turn choices, fills and masks
 every time, at t = 0.5 and t = 1 (mean nats per masked token: all answer tokens, and `_text` for
 the body + `<end_of_turn>` only, without the easy fill).
+
+Pre-training rows (`--pretrain-share F`, LLaDA's pre-training objective, sec. 2.2): with
+probability F a window is taken whole, every token after <bos> maskable, the loss normalised by the
+window's length. An SFT row supervises one turn (~20 tokens of a 256-token window), so SFT alone
+learns the text slowly: on the plays (16k vocabulary, batch 16) held-out text loss at t = 0.5 was
+6.285 after 1,000 SFT-only steps and 6.080 with half the rows pre-training
+(tests/models/dgchat-tiny-plays-masked.md).
+
+`--init-embedding-from GGUF` starts a fresh run's tied embedding from a default-model GGUF built
+with the same tokenizer (the bundled DiffusionGemma), rescaled to the init std.
 
 Batches, turn choices and noise are functions of (seed, step) (`train_default.step_rngs` /
 `batch_indices`), so a resumed run replays exactly the batches an uninterrupted one sees;
@@ -100,6 +111,9 @@ class MaskedTrain:
     grad_clip: float = 1.0
     eps: float = 1e-3  # mask probability p = eps + (1 - eps) t (LLaDA's forward_process)
     answer_length: int = 128  # answer + <eos> fill is drawn up to this (>= the longest turn + 1)
+    # share of windows trained whole with LLaDA's pre-training objective: an answer is one turn of
+    # ~20 tokens, so a batch of SFT rows alone supervises ~1/25 of the tokens it computes
+    pretrain_share: float = 0.0
     eval_every: int = 250
     eval_batches: int = 8
     ckpt_every: int = 100
@@ -229,6 +243,24 @@ def build_model(arch: MaskedArch, seed: int = 0):
     return model
 
 
+def init_embedding(model, gguf_path: Path, tokenizer_path: Path) -> None:
+    """Start the (tied) token embedding from a default-model GGUF's: the bundled DiffusionGemma's
+    rows already place the plays' tokens; the rest of the model starts from scratch. Gemma scales
+    its input embedding by sqrt(d_model) and LLaDA does not, so rows are rescaled to LLaDA's init
+    std (the tied head reads them too, and the first RMSNorm makes the scale moot at the input)."""
+    import torch
+
+    from dgchat.convert.warm_start import embedding_from_gguf
+
+    wte = model.model.transformer["wte"].weight
+    emb = embedding_from_gguf(gguf_path, tokenizer_path, wte.shape[0])
+    if emb.shape != tuple(wte.shape):
+        raise DgchatError(f"--init-embedding-from: {gguf_path.name} has {emb.shape[1]}-wide rows, the model {wte.shape[1]}")
+    emb *= model.arch.init_std / max(float(emb.std()), 1e-12)
+    with torch.no_grad():
+        wte.copy_(torch.from_numpy(emb))
+
+
 def count_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -237,8 +269,11 @@ def count_params(model) -> int:
 # Batches and noise
 
 
-def make_batch(data: td.Windows, indices, answer_length: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Prompt + answer + <eos> fill per window, right-padded with <pad>.
+def make_batch(data: td.Windows, indices, answer_length: int, rng: np.random.Generator,
+               pretrain_share: float = 0.0) -> dict[str, np.ndarray]:
+    """Prompt + answer + <eos> fill per window, right-padded with <pad>; with probability
+    `pretrain_share` a window is instead taken whole, every token after <bos> maskable (LLaDA's
+    pre-training rows: no prompt, no fill).
 
     ids (B, T); valid: real tokens; answer: answer tokens incl. fill (the maskable part); text:
     answer body + <end_of_turn> (no fill); answer_len (B,): answer tokens incl. fill.
@@ -246,6 +281,12 @@ def make_batch(data: td.Windows, indices, answer_length: int, rng: np.random.Gen
     seqs, starts, text_ends = [], [], []
     for i in indices:
         ids, spans = data.ids(i), data.spans(i)
+        # drawn only when asked for, so a run without pre-training rows replays the same batches
+        if pretrain_share > 0 and rng.random() < pretrain_share:
+            seqs.append(np.asarray(ids, dtype=np.int64))
+            starts.append(1)
+            text_ends.append(len(ids))
+            continue
         start, end = (int(v) for v in spans[rng.integers(len(spans))])
         body = ids[start:end + 1]  # ids[end] is the turn's <end_of_turn>
         total = int(rng.integers(len(body), max(len(body), answer_length) + 1))
@@ -351,9 +392,11 @@ def run_arch(run_dir: Path) -> MaskedArch:
 
 def train(data_dir: Path, run_dir: Path, *, device: str = "cpu", threads: int | None = 2,
           max_minutes: float | None = None, overrides: dict[str, Any] | None = None,
-          arch: MaskedArch | None = None, precision: str = "bf16") -> dict[str, Any]:
+          arch: MaskedArch | None = None, precision: str = "bf16",
+          init_embedding_from: Path | None = None) -> dict[str, Any]:
     """Train (or resume) the run in `run_dir`. threads: a torch thread count, 0 to adapt to the
-    machine's load (train_default.adapt_threads), None to leave torch's setting alone."""
+    machine's load (train_default.adapt_threads), None to leave torch's setting alone.
+    init_embedding_from: a default-model GGUF whose token embedding a fresh run starts from."""
     import torch
 
     auto_threads = threads == 0
@@ -384,9 +427,12 @@ def train(data_dir: Path, run_dir: Path, *, device: str = "cpu", threads: int | 
         state = td.load_checkpoint(ckpt, model, optimizer)
         log.write({"kind": "resume", "step": state["step"], "checkpoint": ckpt.name})
     else:
+        if init_embedding_from is not None:
+            init_embedding(model, init_embedding_from, data_dir / "tokenizer.json")
         log.write({"kind": "start", "recipe": "masked", "params": count_params(model), "device": device,
                    "threads": torch.get_num_threads(), "train_windows": len(train_data),
-                   "val_windows": len(val_data)})
+                   "val_windows": len(val_data), "init_embedding_from": init_embedding_from and
+                   {"file": init_embedding_from.name, "sha256": td._file_sha256(init_embedding_from)}})
 
     t_start = time.time()
     window_t0, window_tok, window_steps = time.time(), 0, 0
@@ -399,7 +445,7 @@ def train(data_dir: Path, run_dir: Path, *, device: str = "cpu", threads: int | 
             td.adapt_threads()
         gen, rng = td.step_rngs(s.seed, step)
         batch = make_batch(train_data, td.batch_indices(len(train_data), s.batch_size, s.seed, step),
-                           s.answer_length, rng)
+                           s.answer_length, rng, s.pretrain_share)
         p, masked = draw_noise(batch, gen, s.eps)
         step_t0 = time.time()
         with td.autocast(dev, precision):
@@ -528,6 +574,9 @@ def main(argv: list[str] | None = None) -> int:
     for flag in ("steps", "batch-size", "eval-every", "ckpt-every", "answer-length"):
         p.add_argument(f"--{flag}", type=int)
     p.add_argument("--lr", type=float)
+    p.add_argument("--pretrain-share", type=float, help="share of windows trained whole (LLaDA pre-training rows)")
+    p.add_argument("--init-embedding-from", type=Path, metavar="GGUF",
+                   help="a fresh run starts its token embedding from this default-model GGUF's (e.g. the bundled one)")
     for flag, field in (("hidden", "d_model"), ("layers", "n_layers"), ("heads", "n_heads"),
                         ("kv-heads", "n_kv_heads"), ("ff", "mlp_hidden_size")):
         p.add_argument(f"--{flag}", type=int, dest=f"arch_{field}", help=f"model {field} (a fresh run only)")
@@ -541,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.cmd == "train":
         overrides = {k: getattr(args, k) for k in ("steps", "batch_size", "eval_every", "ckpt_every",
-                                                   "answer_length", "lr") if getattr(args, k) is not None}
+                                                   "answer_length", "lr", "pretrain_share") if getattr(args, k) is not None}
         sizes = {k[5:]: v for k, v in vars(args).items() if k.startswith("arch_") and v is not None}
         if "n_heads" in sizes:
             sizes.setdefault("n_kv_heads", sizes["n_heads"])  # no GQA unless asked for
@@ -554,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
             meta = json.loads((args.data_dir / "meta.json").read_text())
             arch = replace(MaskedArch(), vocab_size=int(meta.get("vocab_size", dtok.VOCAB_SIZE)), **sizes)
         train(args.data_dir, args.run_dir, device=args.device, threads=args.threads, max_minutes=args.max_minutes,
-              overrides=overrides, arch=arch, precision=args.precision)
+              overrides=overrides, arch=arch, precision=args.precision, init_embedding_from=args.init_embedding_from)
     elif args.cmd == "export":
         out = export_hf(args.run_dir, args.data_dir, args.out, args.checkpoint)
         print(out)

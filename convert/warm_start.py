@@ -87,6 +87,22 @@ def grown_embeddings(old: np.ndarray, tokenizer_json: dict[str, Any], vocab_size
     return emb
 
 
+def embedding_from_gguf(gguf_path: Path, tokenizer_path: Path, vocab_size: int) -> np.ndarray:
+    """A default-model GGUF's token embedding (dequantized, f32) for `tokenizer_path`'s vocabulary,
+    grown as in `load_from_gguf` where that vocabulary extends the GGUF's."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    reader = GGUFReader(str(gguf_path))
+    tok_json = json.loads(Path(tokenizer_path).read_text(encoding="utf-8"))
+    check_vocab_prefix(_strings(reader, "tokenizer.ggml.tokens"), _strings(reader, "tokenizer.ggml.merges"), tok_json)
+    tensor = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if tensor is None:
+        raise DgchatError(f"{gguf_path.name} has no token_embd.weight")
+    old = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+    return grown_embeddings(old, tok_json, vocab_size)
+
+
 def load_from_gguf(model: Any, gguf_path: Path, tokenizer_path: Path) -> dict[str, Any]:
     """Fill a freshly built DiffusionGemmaForBlockDiffusion from a default-model GGUF."""
     import torch

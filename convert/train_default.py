@@ -947,11 +947,22 @@ def export_hf(run_dir: Path, data_dir: Path, out_dir: Path, checkpoint: Path | N
         raise DgchatError(f"no checkpoint in {run_dir}")
     model = build_model(0, run_arch(run_dir))
     state = load_checkpoint(ckpt, model)
+    tmp = export_staging_dir(out_dir)
+    model.save_pretrained(tmp)
+    _atomic_json(tmp / "generation_config.json", dmc.generation_config_dict())
+    return publish_export(tmp, out_dir, data_dir, state)
+
+
+def export_staging_dir(out_dir: Path) -> Path:
+    """An empty sibling folder of `out_dir` (not created) where an export is written first."""
     tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
-    model.save_pretrained(tmp)
-    _atomic_json(tmp / "generation_config.json", dmc.generation_config_dict())
+    return tmp
+
+
+def publish_export(tmp: Path, out_dir: Path, data_dir: Path, state: dict[str, Any]) -> Path:
+    """Add the tokenizer and the training state to a staged export and move it into place whole."""
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(data_dir / name, tmp / name)
     _atomic_json(tmp / "training_state.json", {"step": state["step"], "tokens": state["tokens"],

@@ -58,7 +58,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -526,24 +525,13 @@ def export_hf(run_dir: Path, data_dir: Path, out_dir: Path, checkpoint: Path | N
     arch = run_arch(run_dir)
     model = build_model(arch)
     state = td.load_checkpoint(ckpt, model)
-    tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    tmp = td.export_staging_dir(out_dir)
     tmp.mkdir(parents=True)
     tensors = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     td._atomic_json(tmp / "config.json", llada_config(arch))
     td._atomic_json(tmp / "generation_config.json", generation_config())
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(data_dir / name, tmp / name)
-    td._atomic_json(tmp / "training_state.json", {"step": state["step"], "tokens": state["tokens"],
-                                                  "train_seconds": round(state["train_seconds"], 1)})
-    for f in tmp.iterdir():
-        os.chmod(f, 0o644)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
-    return out_dir
+    return td.publish_export(tmp, out_dir, data_dir, state)
 
 
 def load_hf(folder: Path):

@@ -87,15 +87,22 @@ def grown_embeddings(old: np.ndarray, tokenizer_json: dict[str, Any], vocab_size
     return emb
 
 
-def embedding_from_gguf(gguf_path: Path, tokenizer_path: Path, vocab_size: int) -> np.ndarray:
-    """A default-model GGUF's token embedding (dequantized, f32) for `tokenizer_path`'s vocabulary,
-    grown as in `load_from_gguf` where that vocabulary extends the GGUF's."""
+def _open_checked(gguf_path: Path, tokenizer_path: Path) -> tuple[Any, dict[str, Any]]:
+    """(GGUF reader, tokenizer.json) once the tokenizer is known to extend the GGUF's vocabulary."""
     from gguf import GGUFReader
-    from gguf.quants import dequantize
 
     reader = GGUFReader(str(gguf_path))
     tok_json = json.loads(Path(tokenizer_path).read_text(encoding="utf-8"))
     check_vocab_prefix(_strings(reader, "tokenizer.ggml.tokens"), _strings(reader, "tokenizer.ggml.merges"), tok_json)
+    return reader, tok_json
+
+
+def embedding_from_gguf(gguf_path: Path, tokenizer_path: Path, vocab_size: int) -> np.ndarray:
+    """A default-model GGUF's token embedding (dequantized, f32) for `tokenizer_path`'s vocabulary,
+    grown as in `load_from_gguf` where that vocabulary extends the GGUF's."""
+    from gguf.quants import dequantize
+
+    reader, tok_json = _open_checked(gguf_path, tokenizer_path)
     tensor = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if tensor is None:
         raise DgchatError(f"{gguf_path.name} has no token_embd.weight")
@@ -106,12 +113,9 @@ def embedding_from_gguf(gguf_path: Path, tokenizer_path: Path, vocab_size: int) 
 def load_from_gguf(model: Any, gguf_path: Path, tokenizer_path: Path) -> dict[str, Any]:
     """Fill a freshly built DiffusionGemmaForBlockDiffusion from a default-model GGUF."""
     import torch
-    from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    reader = GGUFReader(str(gguf_path))
-    tok_json = json.loads(Path(tokenizer_path).read_text(encoding="utf-8"))
-    check_vocab_prefix(_strings(reader, "tokenizer.ggml.tokens"), _strings(reader, "tokenizer.ggml.merges"), tok_json)
+    reader, tok_json = _open_checked(gguf_path, tokenizer_path)
     tensors = {t.name: dequantize(t.data, t.tensor_type).astype(np.float32) for t in reader.tensors}
 
     params = dict(model.named_parameters(remove_duplicate=False))

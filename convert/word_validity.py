@@ -60,6 +60,8 @@ SEED_STRIDE = 1_000_003  # a prime above any prompt count: (seed, prompt) pairs 
 def engine_seed(seed: int, prompt_index: int) -> int:
     """The engine seed of one answer: its own starting canvas per (seed, prompt)."""
     return seed * SEED_STRIDE + prompt_index
+
+
 N_PROMPTS = 120
 MIN_LINE_WORDS, MAX_LINE_WORDS = 4, 24
 
@@ -209,7 +211,7 @@ def parse_settings(items: Sequence[str]) -> dict[str, Any]:
         name, sep, raw = item.partition("=")
         name = name.strip().replace("-", "_")
         if not sep or name not in known or name in ("seed", "autoregressive"):
-            raise ValueError(f"--set {item!r}: expected NAME=VALUE with NAME a sampler setting (e.g. steps=12)")
+            raise ValueError(f"{item!r}: expected NAME=VALUE with NAME a sampler setting (e.g. steps=12)")
         value: Any = raw.strip()
         for conv in (int, float):
             try:
@@ -318,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = parse_settings(args.set)
     except ValueError as exc:
-        ap.error(str(exc))
+        ap.error(f"--set {exc}")
 
     train_plays, held_out_plays = load_split(args.sdist, args.data_dir)
     if args.write_prompts:

@@ -22,6 +22,8 @@ from fixtures.recipe_samples import (
     PLAY_UPPER,
     TOKENIZER_CORPUS,
     real_sdist,
+    tiny_recipe_data,
+    tiny_text_arch,
 )
 
 
@@ -298,9 +300,7 @@ def test_canvases_end_with_end_of_turn_then_pad():
     assert all(t == dtok.PAD for t in last[last.index(dtok.END_OF_TURN) + 1:])
 
 
-TINY = replace(dmc.TextArch(), vocab_size=300, hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
-               head_dim=32, global_head_dim=32, num_global_key_value_heads=1, intermediate_size=128,
-               moe_intermediate_size=64, max_position_embeddings=1024)
+TINY = tiny_text_arch()
 
 
 @pytest.fixture(scope="module")
@@ -397,12 +397,7 @@ def test_ar_loss_uses_encoder_head_with_softcap(tiny_model):
 
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory):
-    d = tmp_path_factory.mktemp("recipe_data")
-    train_play = plays_data.parse_play("testing", PLAY_UPPER)
-    val_play = plays_data.parse_play("second", PLAY_ABBREVIATED)
-    meta = td.prepare_from_plays(d, [train_play], [val_play], vocab_size=300, max_seq_len=96, max_turn_tokens=40)
-    assert meta["train"]["windows"] >= 2 and meta["val"]["windows"] >= 1
-    return d
+    return tiny_recipe_data(tmp_path_factory.mktemp("recipe_data"))
 
 
 TINY_STEPS = {"steps": 6, "batch_size": 2, "warmup_steps": 2, "eval_every": 3, "ckpt_every": 3,

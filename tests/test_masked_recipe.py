@@ -13,12 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from dgchat.convert import default_tokenizer as dtok
-from dgchat.convert import plays_data
 from dgchat.convert import train_default as td
 from dgchat.convert import train_masked as tm
 from dgchat.model_backend.errors import DgchatError
 from fixtures.convert_reference import llada_logits
-from fixtures.recipe_samples import PLAY_ABBREVIATED, PLAY_UPPER
+from fixtures.recipe_samples import tiny_recipe_data, tiny_text_arch
 
 torch = pytest.importorskip("torch")
 
@@ -40,12 +39,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("masked_data")
-    train_play = plays_data.parse_play("testing", PLAY_UPPER)
-    val_play = plays_data.parse_play("second", PLAY_ABBREVIATED)
-    meta = td.prepare_from_plays(d, [train_play], [val_play], vocab_size=300, max_seq_len=96, max_turn_tokens=40)
-    assert meta["train"]["windows"] >= 2 and meta["val"]["windows"] >= 1
-    return d
+    return tiny_recipe_data(tmp_path_factory.mktemp("masked_data"))
 
 
 def _train(data: Path, run: Path, arch: tm.MaskedArch = TINY, **kw):
@@ -343,13 +337,10 @@ def test_cli_trains_sized_model_and_exports_gguf(tiny_data: Path, tmp_path: Path
 def test_init_embedding_starts_from_a_default_model_gguf(tiny_data: Path, tmp_path: Path) -> None:
     """--init-embedding-from: the fresh run's tied embedding is the DiffusionGemma GGUF's, rescaled
     to LLaDA's init std (rows keep their directions); a GGUF of another tokenizer is refused."""
-    from dgchat.convert import default_model_config as dmc
     from dgchat.convert.api import convert
     from dgchat.convert.warm_start import embedding_from_gguf
 
-    dg_arch = replace(dmc.TextArch(), vocab_size=300, hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
-                      head_dim=32, global_head_dim=32, num_global_key_value_heads=1, intermediate_size=128,
-                      moe_intermediate_size=64, max_position_embeddings=1024)
+    dg_arch = tiny_text_arch()
     dg_run = tmp_path / "dg"
     td.train(tiny_data, dg_run, threads=None, arch=dg_arch, precision="fp32",
              overrides={"steps": 1, "batch_size": 2, "warmup_steps": 1, "eval_every": 10, "ckpt_every": 1,

@@ -5,13 +5,15 @@ v2 (the shipped file) continues from v1 with a grown vocabulary (convert/warm_st
     python -m dgchat.convert.train_default prepare --data-dir convert/runs/data      # 16,384 entries
     python -m dgchat.convert.train_default train   --data-dir convert/runs/data --run-dir convert/runs/v2 \
         --init-from v1.gguf                     # v1: `git show 044bf07:assets/dgchat-tiny-plays.gguf`
+    python -m dgchat.convert.train_default train   --data-dir convert/runs/data --run-dir convert/runs/v2ar \
+        --init-from v1.gguf --objective ar      # its AR-only baseline: same start, same time
 
 v1 from scratch (what v1.gguf came from, 8,192 entries):
 
     python -m dgchat.convert.train_default prepare --data-dir convert/runs/data8k --vocab-size 8192
     python -m dgchat.convert.train_default train   --data-dir convert/runs/data8k --run-dir convert/runs/main \
         --recipe v1
-    python -m dgchat.convert.train_default train   ... --objective ar --run-dir convert/runs/ar   # baseline
+    python -m dgchat.convert.train_default train   ... --recipe v1 --objective ar --run-dir convert/runs/ar  # baseline
     python -m dgchat.convert.train_default baselines --data-dir convert/runs/data  # unigram numbers
     python -m dgchat.convert.train_default export  --run-dir convert/runs/main --out convert/runs/main/hf
     python -m dgchat.convert.train_default sample  --model convert/runs/main/hf --system "You are ..."
@@ -753,7 +755,7 @@ def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: s
         torch.set_num_threads(threads)
     overrides = dict(overrides or {})
     if objective == "ar":
-        overrides.setdefault("steps", dmc.AR_BASELINE_STEPS)
+        overrides.setdefault("steps", dmc.AR_BASELINE_STEPS[recipe])
     s = replace(dmc.RECIPES[recipe], **overrides)
     tok_meta = json.loads((data_dir / "meta.json").read_text())
     arch = arch or replace(dmc.TextArch(), vocab_size=int(tok_meta.get("vocab_size", dmc.TextArch().vocab_size)))
@@ -1084,8 +1086,9 @@ def main(argv: list[str] | None = None) -> int:
         overrides = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size),
                                        ("eval_every", args.eval_every), ("ckpt_every", args.ckpt_every),
                                        ("sample_every", args.sample_every)) if v is not None}
-        if args.recipe == "v2" and args.init_from is None and args.objective == "diffusion":
-            ap.error("--recipe v2 continues from v1: pass --init-from (the v1 GGUF), or --recipe v1")
+        if args.recipe == "v2" and args.init_from is None:
+            ap.error("--recipe v2 continues from v1 (its AR-only baseline too): pass --init-from (the v1 GGUF), "
+                     "or --recipe v1")
         train(args.data_dir, args.run_dir, args.objective, args.device, args.threads, args.max_minutes,
               overrides, args.max_canvases, args.precision, recipe=args.recipe, init_from=args.init_from)
     elif args.cmd == "baselines":

@@ -472,6 +472,17 @@ def test_ar_baseline_objective_runs(tiny_data, tmp_path):
     assert val and "diff" not in val[-1] and "ar" in val[-1]
 
 
+def test_v2_ar_baseline_needs_v2s_start(tmp_path, capsys):
+    # The v2 baseline is "same start, same time": without v1's file it would be another model.
+    for objective in ("ar", "diffusion"):
+        with pytest.raises(SystemExit):
+            td.main(["train", "--data-dir", str(tmp_path / "data"), "--run-dir", str(tmp_path / "run"),
+                     "--objective", objective])
+        assert "--init-from" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+    assert set(dmc.AR_BASELINE_STEPS) == set(dmc.RECIPES)
+
+
 # ---------------------------------------------------------------------------------------------
 # v2: noise schedule and the warm start from a shipped GGUF with a grown vocabulary
 

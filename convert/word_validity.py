@@ -44,7 +44,7 @@ import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,15 +74,19 @@ _SENTENCE_END = re.compile(r"(?<=[.?!])\s")
 # Words
 
 
-def words_of(text: str) -> list[str]:
-    """The words of `text`, normalised for lookup (lower case, no leading/trailing apostrophes)."""
-    text = _MARKUP.sub(" ", text).replace("\u2019", "'").replace("\u2018", "'")
-    out = []
+def word_spans(text: str) -> Iterator[tuple[int, int, str]]:
+    """(start, end, word) for each word of `text`, normalised for lookup (lower case, no leading or
+    trailing apostrophes); start and end index `text` itself (markup is blanked, not removed)."""
+    text = _MARKUP.sub(lambda m: " " * len(m.group(0)), text).replace("\u2019", "'").replace("\u2018", "'")
     for m in _WORD.finditer(text):
         word = m.group(0).strip("'").lower()
         if word:
-            out.append(word)
-    return out
+            yield m.start(), m.end(), word
+
+
+def words_of(text: str) -> list[str]:
+    """The words of `text`, normalised for lookup (lower case, no leading/trailing apostrophes)."""
+    return [word for _, _, word in word_spans(text)]
 
 
 @dataclass

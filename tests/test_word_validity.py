@@ -31,6 +31,10 @@ def test_control_token_markup_is_never_a_word():
     text = "<start_of_turn>HOST\nAy, my lord.<end_of_turn><pad><pad><eos> <mask>"
     assert wv.words_of(text) == ["host", "ay", "my", "lord"]
     assert wv.words_of("<pad>") == [] and wv.words_of("' -- 123 ''") == []
+    # spans index the text as given, markup and all (the non-word probe maps them to tokens)
+    text = "<end_of_turn>Ay, \u2019tis my LORD"
+    assert [(text[a:b], w) for a, b, w in wv.word_spans(text)] == [("Ay", "ay"), ("\u2019tis", "tis"), ("my", "my"),
+                                                                    ("LORD", "lord")]
 
 
 def test_score_counts_every_occurrence_case_insensitively():

@@ -22,7 +22,6 @@ Prints one table; the counts are from one run (deterministic for a given model, 
 from __future__ import annotations
 
 import argparse
-import re
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -36,8 +35,6 @@ from dgchat.model_backend import diffusion_gemma, entropy_bound
 from dgchat.model_backend.engine import DiffusionEngine
 from dgchat.model_backend.events import FinalEvent, StepEvent
 from dgchat.model_backend.params import DiffusionParams
-
-_WORD = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)*")
 
 
 class StepRecorder:
@@ -108,11 +105,9 @@ def classify(engine: DiffusionEngine, canvases: list[list], words: frozenset[str
             continue
         break
     out: Counter = Counter()
-    for m in _WORD.finditer(text):
-        word = m.group(0).strip("'").lower()
-        if word:
-            span = char_flags[m.start():m.end()]
-            out[(word in words, all(a for a, _ in span), any(c for _, c in span))] += 1
+    for start, end, word in wv.word_spans(text):  # the words the measure counts
+        span = char_flags[start:end]
+        out[(word in words, all(a for a, _ in span), any(c for _, c in span))] += 1
     return out
 
 

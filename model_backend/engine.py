@@ -378,6 +378,10 @@ class DiffusionEngine:
             yield from events
         finally:
             watcher_stop.set()
+            # A watcher that saw `cancel` just before the stop could still raise the flag after the
+            # clear below, and the next generation would abort at its first decode (a spurious 499 of
+            # `dgchat serve` after a request that stopped itself at a stop string): wait for it.
+            thread.join()
             if self._ctx is not None:
                 self._ctx.cancel_event.clear()
 

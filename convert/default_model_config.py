@@ -71,6 +71,13 @@ class TrainSettings:
     # canvases above t = 0.9): generation starts from a fully random canvas, where v1's decoder
     # barely beat the unigram (4.78 vs 4.82 nats).
     t_power: float = 1.0
+    # Rollout canvases (v3): on a self-conditioning step, this share of the canvases is fed to the
+    # second pass as the generation sampler would leave it after one step from the first pass's
+    # logits (`train_default.rollout_canvases`): the sure positions hold the decoder's own draws,
+    # all others fresh random tokens, next to the previous logits / temperature. Generation shows
+    # the decoder exactly that, but the plain objective never does: there the self-conditioning
+    # logits come from the same canvas, so a random token in it is never news.
+    rollout_prob: float = 0.0
     eval_every: int = 200
     eval_batches: int = 12
     ckpt_every: int = 200
@@ -86,7 +93,14 @@ V1_VOCAB_SIZE = 8192
 # (the 16k LM head costs ~1.6x the 8k one per step), about 90 minutes with evaluation.
 V2_CONTINUATION = TrainSettings(steps=1000, lr=1e-3, warmup_steps=100, t_power=0.5, eval_every=250,
                                 ckpt_every=50, sample_every=500)
-RECIPES = {"v1": TrainSettings(), "v2": V2_CONTINUATION}
+# v3, an experiment (issue 13, fifth session; not shipped): v2 from its step 1,000 with rollout
+# canvases. The decoder keeps a random token whenever it is sure of it (tests/bench/probe_nonwords.py:
+# 34 of 40 non-words hold copied noise), and only the inference-like canvas shows it that the token
+# just arrived. Measured: the non-words go, and so does the answers' length (model card, "Rollout
+# canvases"): the shipped model stays v2.
+V3_ROLLOUT = TrainSettings(steps=500, lr=2e-4, warmup_steps=20, t_power=1.0, self_cond_prob=0.5,
+                           rollout_prob=0.5, eval_every=100, ckpt_every=50, sample_every=250)
+RECIPES = {"v1": TrainSettings(), "v2": V2_CONTINUATION, "v3": V3_ROLLOUT}
 
 
 # The AR-only baseline (`train --objective ar`, same model, same start) gets the diffusion run's

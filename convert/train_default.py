@@ -7,6 +7,8 @@ v2 (the shipped file) continues from v1 with a grown vocabulary (convert/warm_st
         --init-from v1.gguf                     # v1: `git show 044bf07:assets/dgchat-tiny-plays.gguf`
     python -m dgchat.convert.train_default train   --data-dir convert/runs/data --run-dir convert/runs/v2ar \
         --init-from v1.gguf --objective ar      # its AR-only baseline: same start, same time
+    python -m dgchat.convert.train_default train   --data-dir convert/runs/data --run-dir convert/runs/v3 \
+        --recipe v3 --init-from v2-step1000-f32.gguf  # experiment, not shipped: rollout canvases
 
 v1 from scratch (what v1.gguf came from, 8,192 entries):
 
@@ -42,6 +44,8 @@ Objective (`--objective diffusion`, the default), per training window of a scene
    steps a first, no-grad decoder pass produces logits that the second pass receives as
    `self_conditioning_logits`; otherwise the decoder gets none (zeros), like the first
    denoising step of `generate`.
+   With `rollout_prob` (the v3 experiment), a share of a self-conditioning step's canvases reach
+   the second pass as one sampler step from the first pass leaves them (`rollout_canvases`).
 6. Loss = cross-entropy of the decoder's logits against the clean canvas (all positions)
    + `ar_loss_weight` * AR loss + `router_aux_weight` * Switch-style expert load balancing.
 
@@ -434,9 +438,38 @@ def noise_levels(settings: dmc.TrainSettings, shape: tuple[int, ...], noise_gen)
     return settings.t_min + (1 - settings.t_min) * u.pow(settings.t_power)
 
 
+def rollout_canvases(logits, noise_gen, sampler: dmc.GenerationDefaults | None = None):
+    """One step of the generation sampler (model_backend/entropy_bound.py) on a batch of decoder
+    logits (..., L, V): a temperature drawn per canvas from the sampler's range, a token drawn from
+    softmax(logits / T) at every position, the lowest-entropy positions accepted while their
+    cumulative entropy minus the largest stays <= the entropy bound, every other position given a
+    fresh uniformly random token. Returns (next canvas, logits / T): what the next generation step
+    feeds the decoder as its canvas and its self-conditioning input."""
+    import torch
+
+    g = sampler or dmc.GenerationDefaults()
+    dev = logits.device
+    *lead, L, V = logits.shape
+    temp = g.t_min + (g.t_max - g.t_min) * torch.rand((*lead, 1, 1), generator=noise_gen)
+    processed = logits.float() / temp.to(dev)
+    logp = torch.log_softmax(processed, dim=-1)
+    probs = logp.exp()
+    entropy = -(probs * logp).sum(-1)
+    u = torch.rand((*lead, L, 1), generator=noise_gen).to(dev)
+    drawn = (probs.cumsum(-1) < u).sum(-1).clamp(max=V - 1)  # inverse CDF, as sampling.row_stats
+    sorted_h, order = entropy.sort(dim=-1, stable=True)
+    cum = sorted_h.double().cumsum(-1).float()
+    accepted = torch.zeros_like(sorted_h, dtype=torch.bool).scatter(-1, order, (cum - sorted_h) <= g.entropy_bound)
+    fresh = torch.randint(0, V, (*lead, L), generator=noise_gen).to(dev)
+    return torch.where(accepted, drawn, fresh), processed
+
+
 def diffusion_losses(model, batch, settings: dmc.TrainSettings, canvas_length: int, noise_gen, device,
-                     self_cond: bool, t_fixed: float | None = None, router: RouterStats | None = None):
-    """Forward pass of the diffusion objective. Returns (diffusion CE, AR CE, token counts)."""
+                     self_cond: bool, t_fixed: float | None = None, router: RouterStats | None = None,
+                     rollout_prob: float | None = None):
+    """Forward pass of the diffusion objective. Returns (diffusion CE, AR CE, token counts).
+    `rollout_prob` (default: the settings') is the share of canvases that a self-conditioning
+    step replaces by `rollout_canvases` of its first pass."""
     import torch
 
     ids = torch.as_tensor(batch["ids"], device=device)
@@ -470,6 +503,12 @@ def diffusion_losses(model, batch, settings: dmc.TrainSettings, canvas_length: i
             router.active = False
         with torch.no_grad():
             sc_logits = decode_canvases(model, enc.past_key_values, noisy, starts).detach()
+            share = settings.rollout_prob if rollout_prob is None else rollout_prob
+            if share > 0:  # draws only here, so runs without rollout replay their old noise
+                roll = (torch.rand((B, C, 1), generator=noise_gen) < share).to(device)
+                r_canvas, r_processed = rollout_canvases(sc_logits, noise_gen)
+                noisy = torch.where(roll, r_canvas, noisy)
+                sc_logits = torch.where(roll[..., None], r_processed, sc_logits)
         if router is not None:
             router.active = True
     hidden = decode_canvases(model, enc.past_key_values, noisy, starts, sc_logits, return_hidden=True)
@@ -652,6 +691,11 @@ def evaluate(model, val: Windows, s: dmc.TrainSettings, objective: str, device, 
             gen, _ = step_rngs(999, k, salt=3)
             diff5, _, info = diffusion_losses(model, batch, s, canvas_length, gen, device, self_cond=False, t_fixed=0.5)
             add("diff_t05", diff5, info["canvas_tokens"])
+            # the second generation step: one sampler step from a fully random canvas, then the loss
+            gen, _ = step_rngs(999, k, salt=4)
+            roll, _, info = diffusion_losses(model, batch, s, canvas_length, gen, device, self_cond=True,
+                                             t_fixed=1.0, rollout_prob=1.0)
+            add("diff_roll", roll, info["canvas_tokens"])
     model.train()
     return {k: sums[k] / weights[k] for k in sums}
 
@@ -755,6 +799,8 @@ def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: s
         torch.set_num_threads(threads)
     overrides = dict(overrides or {})
     if objective == "ar":
+        if recipe not in dmc.AR_BASELINE_STEPS:
+            raise DgchatError(f"recipe {recipe} has no AR-only baseline of its own")
         overrides.setdefault("steps", dmc.AR_BASELINE_STEPS[recipe])
     s = replace(dmc.RECIPES[recipe], **overrides)
     tok_meta = json.loads((data_dir / "meta.json").read_text())
@@ -768,7 +814,10 @@ def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: s
     log = JsonlLog(run_dir / "log.jsonl")
     dev = torch.device(device)
 
-    settings = {"objective": objective, "precision": precision, "train": asdict(s), "max_canvases": max_canvases,
+    train_settings = asdict(s)
+    if not s.rollout_prob:  # runs from before rollout canvases existed stay resumable
+        train_settings.pop("rollout_prob")
+    settings = {"objective": objective, "precision": precision, "train": train_settings, "max_canvases": max_canvases,
                 "canvas_length": canvas_length, "arch": asdict(arch),
                 "data_meta_sha256": _file_sha256(data_dir / "meta.json")}
     if init_from is not None:
@@ -1089,6 +1138,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.recipe == "v2" and args.init_from is None:
             ap.error("--recipe v2 continues from v1 (its AR-only baseline too): pass --init-from (the v1 GGUF), "
                      "or --recipe v1")
+        if args.recipe == "v3" and (args.init_from is None or args.objective == "ar"):
+            ap.error("--recipe v3 fine-tunes v2's decoder: pass --init-from (v2's step-1,000 weights as a GGUF); "
+                     "its AR-only comparison is v2's (--recipe v2 --objective ar)")
         train(args.data_dir, args.run_dir, args.objective, args.device, args.threads, args.max_minutes,
               overrides, args.max_canvases, args.precision, recipe=args.recipe, init_from=args.init_from)
     elif args.cmd == "baselines":

@@ -391,6 +391,68 @@ def test_ar_loss_uses_encoder_head_with_softcap(tiny_model):
                                    atol=2e-5, rtol=1e-4)
 
 
+def test_rollout_canvases_are_one_step_of_the_generation_sampler():
+    """Sure positions keep the drawn token, the sampler's entropy bound picks them, all others get
+    fresh uniform tokens; the returned logits are the input over a temperature in the sampler's range."""
+    import torch
+
+    from dgchat.model_backend.entropy_bound import accept_mask
+
+    g = dmc.GenerationDefaults()
+    V, L = 50, 16
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.zeros(3, 2, L, V)  # flat rows: entropy log(50) ~ 3.9 at any temperature
+    sure = torch.zeros(3, 2, L, dtype=torch.bool)
+    sure[:, :, ::3] = True  # one-hot rows: entropy ~ 0, the draw is the argmax
+    logits[sure] = torch.nn.functional.one_hot(torch.arange(sure.sum()) % V, V).float() * 40
+    fresh_seen = []
+    for _ in range(40):
+        canvas, processed = td.rollout_canvases(logits, gen)
+        for b in range(3):
+            for c in range(2):
+                p = torch.log_softmax(processed[b, c], -1)
+                h = -(p.exp() * p).sum(-1).numpy()
+                acc = accept_mask(h, g.entropy_bound)
+                # every sure row and exactly one flat row (the bound counts the entropy before the largest)
+                assert acc[sure[b, c].numpy()].all() and acc.sum() == int(sure[b, c].sum()) + 1
+                assert torch.equal(canvas[b, c][sure[b, c]], logits[b, c][sure[b, c]].argmax(-1))
+                rest = torch.from_numpy(~acc)
+                fresh_seen.append(canvas[b, c][rest])
+                t = logits[b, c][sure[b, c]].max() / processed[b, c][sure[b, c]].max()
+                assert g.t_min - 1e-5 <= float(t) <= g.t_max + 1e-5
+    fresh = torch.cat(fresh_seen)
+    counts = torch.bincount(fresh, minlength=V)
+    assert fresh.numel() > 2000 and int((counts > 0).sum()) == V  # uniform over the whole vocabulary
+    assert counts.max() < 3 * fresh.numel() / V
+
+
+def test_diffusion_losses_with_rollout_share(tiny_model):
+    import torch
+
+    model = tiny_model
+    L = dmc.CANVAS_LENGTH
+    g = torch.Generator().manual_seed(3)
+    batch = {"ids": torch.randint(6, 300, (2, 90), generator=g).numpy(), "lengths": np.array([90, 80]),
+             "starts": np.array([[10, 42], [5, 37]]), "targets": torch.randint(6, 300, (2, 2, L), generator=g).numpy(),
+             "valid": np.ones((2, 2), bool)}
+    s = dmc.RECIPES["v2"]
+
+    def run(share, self_cond=True):
+        gen = torch.Generator().manual_seed(7)
+        with torch.no_grad():
+            diff, _, _ = td.diffusion_losses(model, batch, s, L, gen, "cpu", self_cond=self_cond, rollout_prob=share)
+        return float(diff), gen.get_state()
+
+    plain, state = run(None)
+    zero, state0 = run(0.0)
+    assert plain == zero and torch.equal(state, state0)  # no extra draws: old runs replay their noise
+    rolled, state1 = run(1.0)
+    assert rolled != plain and not torch.equal(state1, state)
+    again, state2 = run(1.0)
+    assert again == rolled and torch.equal(state2, state1)
+    assert run(1.0, self_cond=False)[0] == run(None, self_cond=False)[0]  # rollout needs a first pass
+
+
 # ---------------------------------------------------------------------------------------------
 # The training loop end to end on a tiny corpus
 
@@ -422,7 +484,8 @@ def test_training_logs_checkpoints_resumes_and_exports(tiny_data, tmp_path):
     kinds = {r["kind"] for r in log}
     assert {"start", "train", "val", "sample", "done"} <= kinds
     val = [r for r in log if r["kind"] == "val"]
-    assert {"ar", "diff", "diff_t1", "diff_t05"} <= set(val[0])
+    assert {"ar", "diff", "diff_t1", "diff_t05", "diff_roll"} <= set(val[0])
+    assert "rollout_prob" not in json.loads((full / "settings.json").read_text())["train"]
     train_recs = [r for r in log if r["kind"] == "train"]
     assert all(np.isfinite(r["diff"]) and np.isfinite(r["ar"]) for r in train_recs)
     assert not list((full / "checkpoints").glob("*.tmp*"))
@@ -464,6 +527,15 @@ def test_training_logs_checkpoints_resumes_and_exports(tiny_data, tmp_path):
 
 
 @pytest.mark.slow
+def test_rollout_training_runs_and_is_pinned(tiny_data, tmp_path):
+    state = _train(tiny_data, tmp_path / "roll", overrides={"steps": 2, "self_cond_prob": 1.0, "rollout_prob": 1.0})
+    assert state["step"] == 2
+    assert json.loads((tmp_path / "roll" / "settings.json").read_text())["train"]["rollout_prob"] == 1.0
+    log = [json.loads(line) for line in (tmp_path / "roll" / "log.jsonl").read_text().splitlines()]
+    assert all(np.isfinite(r["diff"]) for r in log if r["kind"] == "train")
+
+
+@pytest.mark.slow
 def test_ar_baseline_objective_runs(tiny_data, tmp_path):
     state = _train(tiny_data, tmp_path / "ar", objective="ar", overrides={"steps": 2})
     assert state["step"] == 2
@@ -480,7 +552,18 @@ def test_v2_ar_baseline_needs_v2s_start(tmp_path, capsys):
                      "--objective", objective])
         assert "--init-from" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
-    assert set(dmc.AR_BASELINE_STEPS) == set(dmc.RECIPES)
+    assert set(dmc.AR_BASELINE_STEPS) == set(dmc.RECIPES) - {"v3"}
+
+
+def test_v3_fine_tunes_v2_and_has_no_baseline_of_its_own(tmp_path, capsys):
+    base = ["train", "--data-dir", str(tmp_path / "data"), "--run-dir", str(tmp_path / "run"), "--recipe", "v3"]
+    for extra in ([], ["--init-from", str(tmp_path / "v2.gguf"), "--objective", "ar"]):
+        with pytest.raises(SystemExit):
+            td.main(base + extra)
+        err = capsys.readouterr().err
+        assert "--init-from" in err and "--recipe v2 --objective ar" in err
+    assert not (tmp_path / "run").exists()
+    assert dmc.RECIPES["v3"].rollout_prob > 0 and dmc.RECIPES["v2"].rollout_prob == 0
 
 
 # ---------------------------------------------------------------------------------------------

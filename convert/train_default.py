@@ -438,16 +438,17 @@ def noise_levels(settings: dmc.TrainSettings, shape: tuple[int, ...], noise_gen)
     return settings.t_min + (1 - settings.t_min) * u.pow(settings.t_power)
 
 
-def rollout_canvases(logits, noise_gen, sampler: dmc.GenerationDefaults | None = None):
+def rollout_canvases(logits, noise_gen):
     """One step of the generation sampler (model_backend/entropy_bound.py) on a batch of decoder
     logits (..., L, V): a temperature drawn per canvas from the sampler's range, a token drawn from
-    softmax(logits / T) at every position, the lowest-entropy positions accepted while their
-    cumulative entropy minus the largest stays <= the entropy bound, every other position given a
-    fresh uniformly random token. Returns (next canvas, logits / T): what the next generation step
-    feeds the decoder as its canvas and its self-conditioning input."""
+    softmax(logits / T) at every position, the sampler's own `accept_mask` over the entropies, every
+    other position given a fresh uniformly random token. Returns (next canvas, logits / T): what the
+    next generation step feeds the decoder as its canvas and its self-conditioning input."""
     import torch
 
-    g = sampler or dmc.GenerationDefaults()
+    from dgchat.model_backend.entropy_bound import accept_mask
+
+    g = dmc.GenerationDefaults()
     dev = logits.device
     *lead, L, V = logits.shape
     temp = g.t_min + (g.t_max - g.t_min) * torch.rand((*lead, 1, 1), generator=noise_gen)
@@ -457,9 +458,8 @@ def rollout_canvases(logits, noise_gen, sampler: dmc.GenerationDefaults | None =
     entropy = -(probs * logp).sum(-1)
     u = torch.rand((*lead, L, 1), generator=noise_gen).to(dev)
     drawn = (probs.cumsum(-1) < u).sum(-1).clamp(max=V - 1)  # inverse CDF, as sampling.row_stats
-    sorted_h, order = entropy.sort(dim=-1, stable=True)
-    cum = sorted_h.double().cumsum(-1).float()
-    accepted = torch.zeros_like(sorted_h, dtype=torch.bool).scatter(-1, order, (cum - sorted_h) <= g.entropy_bound)
+    rows = entropy.cpu().numpy().reshape(-1, L)  # (canvases, L): small next to the logits
+    accepted = torch.from_numpy(np.stack([accept_mask(h, g.entropy_bound) for h in rows])).reshape(entropy.shape).to(dev)
     fresh = torch.randint(0, V, (*lead, L), generator=noise_gen).to(dev)
     return torch.where(accepted, drawn, fresh), processed
 

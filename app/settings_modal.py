@@ -227,8 +227,10 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
                 yield Button("Cancel", id="cancel")
 
     def on_mount(self) -> None:
-        if self.app.is_headless:
+        if self.app.is_headless:  # a blinking cursor made screenshots depend on timing
             self.query_one("#field-system", TextArea).cursor_blink = False
+            for field in self.query(Input):
+                field.cursor_blink = False
         self.query_one("#settings-error", Label).display = False
         self.query_one("#field-model", Input).focus()
 

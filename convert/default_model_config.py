@@ -8,7 +8,7 @@ converter skips its weights (text-only model).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from dgchat.convert.default_tokenizer import BOS, END_OF_TURN, EOS, PAD, VOCAB_SIZE
@@ -78,6 +78,11 @@ class TrainSettings:
     # the decoder exactly that, but the plain objective never does: there the self-conditioning
     # logits come from the same canvas, so a random token in it is never news.
     rollout_prob: float = 0.0
+    # v4: the loss on a rollout canvas counts only the positions holding fresh random tokens. The
+    # sampler never revisits a position it accepted, so what the decoder predicts there is never
+    # used; v3 trained it there too, on draws that are often wrong at high noise, and its decoder
+    # learned to distrust every token it is shown (answers shrank to stock lines).
+    rollout_loss_fresh_only: bool = False
     eval_every: int = 200
     eval_batches: int = 12
     ckpt_every: int = 200
@@ -100,7 +105,9 @@ V2_CONTINUATION = TrainSettings(steps=1000, lr=1e-3, warmup_steps=100, t_power=0
 # canvases"): the shipped model stays v2.
 V3_ROLLOUT = TrainSettings(steps=500, lr=2e-4, warmup_steps=20, t_power=1.0, self_cond_prob=0.5,
                            rollout_prob=0.5, eval_every=100, ckpt_every=50, sample_every=250)
-RECIPES = {"v1": TrainSettings(), "v2": V2_CONTINUATION, "v3": V3_ROLLOUT}
+# v4, an experiment (issue 13, sixth session): v3 with the rollout loss on fresh positions only.
+V4_ROLLOUT_FRESH = replace(V3_ROLLOUT, rollout_loss_fresh_only=True)
+RECIPES = {"v1": TrainSettings(), "v2": V2_CONTINUATION, "v3": V3_ROLLOUT, "v4": V4_ROLLOUT_FRESH}
 
 
 # The AR-only baseline (`train --objective ar`, same model, same start) gets the diffusion run's

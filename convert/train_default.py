@@ -442,8 +442,9 @@ def rollout_canvases(logits, noise_gen):
     """One step of the generation sampler (model_backend/entropy_bound.py) on a batch of decoder
     logits (..., L, V): a temperature drawn per canvas from the sampler's range, a token drawn from
     softmax(logits / T) at every position, the sampler's own `accept_mask` over the entropies, every
-    other position given a fresh uniformly random token. Returns (next canvas, logits / T): what the
-    next generation step feeds the decoder as its canvas and its self-conditioning input."""
+    other position given a fresh uniformly random token. Returns (next canvas, logits / T, accepted):
+    what the next generation step feeds the decoder as its canvas and its self-conditioning input,
+    and which positions the sampler has settled (it never revisits them)."""
     import torch
 
     from dgchat.model_backend.entropy_bound import accept_mask
@@ -461,15 +462,16 @@ def rollout_canvases(logits, noise_gen):
     rows = entropy.cpu().numpy().reshape(-1, L)  # (canvases, L): small next to the logits
     accepted = torch.from_numpy(np.stack([accept_mask(h, g.entropy_bound) for h in rows])).reshape(entropy.shape).to(dev)
     fresh = torch.randint(0, V, (*lead, L), generator=noise_gen).to(dev)
-    return torch.where(accepted, drawn, fresh), processed
+    return torch.where(accepted, drawn, fresh), processed, accepted
 
 
 def diffusion_losses(model, batch, settings: dmc.TrainSettings, canvas_length: int, noise_gen, device,
                      self_cond: bool, t_fixed: float | None = None, router: RouterStats | None = None,
-                     rollout_prob: float | None = None):
+                     rollout_prob: float | None = None, rollout_fresh_only: bool | None = None):
     """Forward pass of the diffusion objective. Returns (diffusion CE, AR CE, token counts).
     `rollout_prob` (default: the settings') is the share of canvases that a self-conditioning
-    step replaces by `rollout_canvases` of its first pass."""
+    step replaces by `rollout_canvases` of its first pass; with `rollout_fresh_only` (default: the
+    settings' `rollout_loss_fresh_only`) their accepted positions are left out of the loss."""
     import torch
 
     ids = torch.as_tensor(batch["ids"], device=device)
@@ -498,6 +500,7 @@ def diffusion_losses(model, batch, settings: dmc.TrainSettings, canvas_length: i
     ar_ce = weighted_ce_sum(model, enc.last_hidden_state[:, :-1], ids[:, 1:], ar_mask) / ar_mask.sum()
 
     sc_logits = None
+    settled = None  # rollout positions the sampler accepted, left out of the loss (v4)
     if self_cond:
         if router is not None:
             router.active = False
@@ -506,15 +509,20 @@ def diffusion_losses(model, batch, settings: dmc.TrainSettings, canvas_length: i
             share = settings.rollout_prob if rollout_prob is None else rollout_prob
             if share > 0:  # draws only here, so runs without rollout replay their old noise
                 roll = (torch.rand((B, C, 1), generator=noise_gen) < share).to(device)
-                r_canvas, r_processed = rollout_canvases(sc_logits, noise_gen)
+                r_canvas, r_processed, r_accepted = rollout_canvases(sc_logits, noise_gen)
                 noisy = torch.where(roll, r_canvas, noisy)
                 sc_logits = torch.where(roll[..., None], r_processed, sc_logits)
+                fresh_only = settings.rollout_loss_fresh_only if rollout_fresh_only is None else rollout_fresh_only
+                if fresh_only:
+                    settled = roll & r_accepted
         if router is not None:
             router.active = True
     hidden = decode_canvases(model, enc.past_key_values, noisy, starts, sc_logits, return_hidden=True)
     if router is not None:
         router.active = False
     w = valid[:, :, None].expand(B, C, L)
+    if settled is not None:
+        w = w & ~settled
     diff_ce = weighted_ce_sum(model, hidden, targets, w) / w.sum().clamp(min=1)
     return diff_ce, ar_ce, {"ar_tokens": int(ar_mask.sum()), "canvas_tokens": int(w.sum())}
 
@@ -694,8 +702,13 @@ def evaluate(model, val: Windows, s: dmc.TrainSettings, objective: str, device, 
             # the second generation step: one sampler step from a fully random canvas, then the loss
             gen, _ = step_rngs(999, k, salt=4)
             roll, _, info = diffusion_losses(model, batch, s, canvas_length, gen, device, self_cond=True,
-                                             t_fixed=1.0, rollout_prob=1.0)
+                                             t_fixed=1.0, rollout_prob=1.0, rollout_fresh_only=False)
             add("diff_roll", roll, info["canvas_tokens"])
+            # the same canvases, the loss only where the sampler has not settled (what v4 trains)
+            gen, _ = step_rngs(999, k, salt=4)
+            roll, _, info = diffusion_losses(model, batch, s, canvas_length, gen, device, self_cond=True,
+                                             t_fixed=1.0, rollout_prob=1.0, rollout_fresh_only=True)
+            add("diff_roll_fresh", roll, info["canvas_tokens"])
     model.train()
     return {k: sums[k] / weights[k] for k in sums}
 
@@ -817,6 +830,8 @@ def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: s
     train_settings = asdict(s)
     if not s.rollout_prob:  # runs from before rollout canvases existed stay resumable
         train_settings.pop("rollout_prob")
+    if not s.rollout_loss_fresh_only:  # likewise runs from before v4
+        train_settings.pop("rollout_loss_fresh_only")
     settings = {"objective": objective, "precision": precision, "train": train_settings, "max_canvases": max_canvases,
                 "canvas_length": canvas_length, "arch": asdict(arch),
                 "data_meta_sha256": _file_sha256(data_dir / "meta.json")}
@@ -1138,8 +1153,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.recipe == "v2" and args.init_from is None:
             ap.error("--recipe v2 continues from v1 (its AR-only baseline too): pass --init-from (the v1 GGUF), "
                      "or --recipe v1")
-        if args.recipe == "v3" and (args.init_from is None or args.objective == "ar"):
-            ap.error("--recipe v3 fine-tunes v2's decoder: pass --init-from (v2's step-1,000 weights as a GGUF); "
+        if args.recipe in ("v3", "v4") and (args.init_from is None or args.objective == "ar"):
+            ap.error(f"--recipe {args.recipe} fine-tunes v2's decoder: pass --init-from (v2's step-1,000 weights as a GGUF); "
                      "its AR-only comparison is v2's (--recipe v2 --objective ar)")
         train(args.data_dir, args.run_dir, args.objective, args.device, args.threads, args.max_minutes,
               overrides, args.max_canvases, args.precision, recipe=args.recipe, init_from=args.init_from)

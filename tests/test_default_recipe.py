@@ -407,12 +407,13 @@ def test_rollout_canvases_are_one_step_of_the_generation_sampler():
     logits[sure] = torch.nn.functional.one_hot(torch.arange(sure.sum()) % V, V).float() * 40
     fresh_seen = []
     for _ in range(40):
-        canvas, processed = td.rollout_canvases(logits, gen)
+        canvas, processed, accepted = td.rollout_canvases(logits, gen)
         for b in range(3):
             for c in range(2):
                 p = torch.log_softmax(processed[b, c], -1)
                 h = -(p.exp() * p).sum(-1).numpy()
                 acc = accept_mask(h, g.entropy_bound)
+                assert torch.equal(accepted[b, c], torch.from_numpy(acc))
                 # every sure row and exactly one flat row (the bound counts the entropy before the largest)
                 assert acc[sure[b, c].numpy()].all() and acc.sum() == int(sure[b, c].sum()) + 1
                 assert torch.equal(canvas[b, c][sure[b, c]], logits[b, c][sure[b, c]].argmax(-1))
@@ -453,6 +454,34 @@ def test_diffusion_losses_with_rollout_share(tiny_model):
     assert run(1.0, self_cond=False)[0] == run(None, self_cond=False)[0]  # rollout needs a first pass
 
 
+def test_rollout_loss_on_fresh_positions_only(tiny_model):
+    """v4 leaves the positions the sampler accepted out of a rollout canvas's loss: the same draws
+    (the noise generator ends in the same state), fewer counted tokens, and a loss that differs."""
+    import torch
+
+    model = tiny_model
+    L = dmc.CANVAS_LENGTH
+    g = torch.Generator().manual_seed(5)
+    batch = {"ids": torch.randint(6, 300, (2, 90), generator=g).numpy(), "lengths": np.array([90, 80]),
+             "starts": np.array([[10, 42], [5, 37]]), "targets": torch.randint(6, 300, (2, 2, L), generator=g).numpy(),
+             "valid": np.ones((2, 2), bool)}
+
+    def run(fresh_only, share=1.0):
+        gen = torch.Generator().manual_seed(11)
+        with torch.no_grad():
+            diff, _, info = td.diffusion_losses(model, batch, dmc.RECIPES["v4"], L, gen, "cpu", self_cond=True,
+                                                t_fixed=0.05, rollout_prob=share, rollout_fresh_only=fresh_only)
+        return float(diff), info["canvas_tokens"], gen.get_state()
+
+    all_pos, n_all, state_all = run(False)
+    fresh, n_fresh, state_fresh = run(True)
+    assert torch.equal(state_all, state_fresh)
+    assert n_all == 2 * 2 * L and 0 < n_fresh < n_all and fresh != all_pos
+    assert run(None)[1] == n_fresh  # v4's default
+    assert run(True, share=0.0)[1] == n_all  # no rollout canvas, nothing left out
+    assert dmc.RECIPES["v4"].rollout_loss_fresh_only and not dmc.RECIPES["v3"].rollout_loss_fresh_only
+
+
 # ---------------------------------------------------------------------------------------------
 # The training loop end to end on a tiny corpus
 
@@ -485,7 +514,7 @@ def test_training_logs_checkpoints_resumes_and_exports(tiny_data, tmp_path):
     assert {"start", "train", "val", "sample", "done"} <= kinds
     val = [r for r in log if r["kind"] == "val"]
     assert {"ar", "diff", "diff_t1", "diff_t05", "diff_roll"} <= set(val[0])
-    assert "rollout_prob" not in json.loads((full / "settings.json").read_text())["train"]
+    assert not {"rollout_prob", "rollout_loss_fresh_only"} & set(json.loads((full / "settings.json").read_text())["train"])
     train_recs = [r for r in log if r["kind"] == "train"]
     assert all(np.isfinite(r["diff"]) and np.isfinite(r["ar"]) for r in train_recs)
     assert not list((full / "checkpoints").glob("*.tmp*"))
@@ -552,11 +581,12 @@ def test_v2_ar_baseline_needs_v2s_start(tmp_path, capsys):
                      "--objective", objective])
         assert "--init-from" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
-    assert set(dmc.AR_BASELINE_STEPS) == set(dmc.RECIPES) - {"v3"}
+    assert set(dmc.AR_BASELINE_STEPS) == set(dmc.RECIPES) - {"v3", "v4"}
 
 
-def test_v3_fine_tunes_v2_and_has_no_baseline_of_its_own(tmp_path, capsys):
-    base = ["train", "--data-dir", str(tmp_path / "data"), "--run-dir", str(tmp_path / "run"), "--recipe", "v3"]
+@pytest.mark.parametrize("recipe", ["v3", "v4"])
+def test_rollout_recipes_fine_tune_v2_and_have_no_baseline_of_their_own(tmp_path, capsys, recipe):
+    base = ["train", "--data-dir", str(tmp_path / "data"), "--run-dir", str(tmp_path / "run"), "--recipe", recipe]
     for extra in ([], ["--init-from", str(tmp_path / "v2.gguf"), "--objective", "ar"]):
         with pytest.raises(SystemExit):
             td.main(base + extra)

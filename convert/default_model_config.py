@@ -78,11 +78,14 @@ class TrainSettings:
     # the decoder exactly that, but the plain objective never does: there the self-conditioning
     # logits come from the same canvas, so a random token in it is never news.
     rollout_prob: float = 0.0
-    # v4: the loss on a rollout canvas counts only the positions holding fresh random tokens. The
-    # sampler never revisits a position it accepted, so what the decoder predicts there is never
-    # used; v3 trained it there too, on draws that are often wrong at high noise, and its decoder
-    # learned to distrust every token it is shown (answers shrank to stock lines).
+    # v4: the loss on a rollout canvas counts only the positions holding fresh random tokens, not
+    # the ones the sampler accepted (drawn at high noise, often wrong). Measured: the answers shrink
+    # as v3's do. The sampler redraws accepted positions at every step too, so the v3 loss is the
+    # one that matches generation. The short answers come from the pad tail (below; model card).
     rollout_loss_fresh_only: bool = False
+    # What fills a turn's last canvas after its <end_of_turn> (`train_default.canvases_for`):
+    # "pad" (v1-v4) or "text", what the window says next (v5).
+    turn_tail: str = "pad"
     eval_every: int = 200
     eval_batches: int = 12
     ckpt_every: int = 200
@@ -107,7 +110,14 @@ V3_ROLLOUT = TrainSettings(steps=500, lr=2e-4, warmup_steps=20, t_power=1.0, sel
                            rollout_prob=0.5, eval_every=100, ckpt_every=50, sample_every=250)
 # v4, an experiment (issue 13, sixth session): v3 with the rollout loss on fresh positions only.
 V4_ROLLOUT_FRESH = replace(V3_ROLLOUT, rollout_loss_fresh_only=True)
-RECIPES = {"v1": TrainSettings(), "v2": V2_CONTINUATION, "v3": V3_ROLLOUT, "v4": V4_ROLLOUT_FRESH}
+# v5, an experiment (issue 13, sixth session): v3 with text after each answer's <end_of_turn>
+# instead of pads. In v3/v4 the sampler accepts the pads first, from the canvas's end backwards
+# (each is sure given the pad to its right, and the temperature below 1 sharpens every link of
+# that chain), until the answer is a few tokens long. Measured: longer in tokens, not in words
+# (runs of commas, the next turn's header), and canvases that never settle: not shipped.
+V5_ROLLOUT_TEXT_TAIL = replace(V3_ROLLOUT, turn_tail="text")
+RECIPES = {"v1": TrainSettings(), "v2": V2_CONTINUATION, "v3": V3_ROLLOUT, "v4": V4_ROLLOUT_FRESH,
+           "v5": V5_ROLLOUT_TEXT_TAIL}
 
 
 # The AR-only baseline (`train --objective ar`, same model, same start) gets the diffusion run's

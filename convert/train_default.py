@@ -9,6 +9,7 @@ v2 (the shipped file) continues from v1 with a grown vocabulary (convert/warm_st
         --init-from v1.gguf --objective ar      # its AR-only baseline: same start, same time
     python -m dgchat.convert.train_default train   --data-dir convert/runs/data --run-dir convert/runs/v3 \
         --recipe v3 --init-from v2-step1000-f32.gguf  # experiment, not shipped: rollout canvases
+    # v4 (rollout loss on fresh positions) and v5 (text after <end_of_turn>): the same, --recipe v4|v5
 
 v1 from scratch (what v1.gguf came from, 8,192 entries):
 
@@ -261,25 +262,35 @@ class Windows:
         return self.turns[self.turn_offsets[i]:self.turn_offsets[i + 1]]
 
 
-def canvases_for(ids: np.ndarray, spans: np.ndarray, canvas_length: int) -> list[tuple[int, np.ndarray]]:
+def canvases_for(ids: np.ndarray, spans: np.ndarray, canvas_length: int,
+                 tail: str = "pad") -> list[tuple[int, np.ndarray]]:
     """(start position, clean canvas) for every canvas of every turn in a window.
 
-    A turn's canvases cover body + <end_of_turn>; the last is right-padded with <pad>, as
-    `generate` leaves a finished canvas.
+    A turn's canvases cover body + <end_of_turn>; with `tail` "pad" the last is right-padded with
+    <pad>, as `generate` leaves a finished canvas. With "text" (v5) the rest of that canvas holds
+    what the window says next (the following turn), <pad> only past the window's end: the answer
+    ends at one <end_of_turn> instead of a run of pads, each sure given the pad to its right, that
+    the sampler accepts from the back first (the short answers of v3/v4, model card).
     """
+    if tail not in ("pad", "text"):
+        raise ValueError(f"tail must be 'pad' or 'text', not {tail!r}")
     out = []
     for start, end in spans:
         seq = np.concatenate([ids[start:end], [dtok.END_OF_TURN]])
         n = math.ceil(len(seq) / canvas_length)
         padded = np.full(n * canvas_length, dtok.PAD, dtype=np.int64)
+        if tail == "text":
+            after = ids[end + 1 if end < len(ids) and ids[end] == dtok.END_OF_TURN else end:]
+            seq = np.concatenate([seq, after[:len(padded) - len(seq)]])
         padded[:len(seq)] = seq
         for k in range(n):
             out.append((int(start) + k * canvas_length, padded[k * canvas_length:(k + 1) * canvas_length]))
     return out
 
 
-def make_batch(data: Windows, indices, canvas_length: int, max_canvases: int, rng: np.random.Generator):
-    """Right-padded token windows plus the canvases drawn from them, as numpy arrays."""
+def make_batch(data: Windows, indices, canvas_length: int, max_canvases: int, rng: np.random.Generator,
+               tail: str = "pad"):
+    """Right-padded token windows plus the canvases drawn from them (`canvases_for`), as numpy arrays."""
     seqs = [data.ids(i) for i in indices]
     T = max(len(s) for s in seqs)
     B = len(seqs)
@@ -289,7 +300,7 @@ def make_batch(data: Windows, indices, canvas_length: int, max_canvases: int, rn
     for b, (i, s) in enumerate(zip(indices, seqs)):
         ids[b, :len(s)] = s
         lengths[b] = len(s)
-        cv = canvases_for(s, data.spans(i), canvas_length)
+        cv = canvases_for(s, data.spans(i), canvas_length, tail)
         if len(cv) > max_canvases:
             keep = np.sort(rng.choice(len(cv), size=max_canvases, replace=False))
             cv = [cv[k] for k in keep]
@@ -685,7 +696,7 @@ def evaluate(model, val: Windows, s: dmc.TrainSettings, objective: str, device, 
         for k in range(0, n, s.batch_size):
             idx = order[k:k + s.batch_size]
             gen, rng = step_rngs(999, k, salt=1)
-            batch = make_batch(val, idx, canvas_length, max_canvases, rng)
+            batch = make_batch(val, idx, canvas_length, max_canvases, rng, s.turn_tail)
             if objective == "ar":
                 ar, info = ar_losses(model, batch, device)
                 add("ar", ar, info["ar_tokens"])
@@ -830,8 +841,9 @@ def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: s
     train_settings = asdict(s)
     if not s.rollout_prob:  # runs from before rollout canvases existed stay resumable
         train_settings.pop("rollout_prob")
-    if not s.rollout_loss_fresh_only:  # likewise runs from before v4
-        train_settings.pop("rollout_loss_fresh_only")
+    for key, default in (("rollout_loss_fresh_only", False), ("turn_tail", "pad")):
+        if train_settings[key] == default:  # likewise runs from before v4 / v5
+            train_settings.pop(key)
     settings = {"objective": objective, "precision": precision, "train": train_settings, "max_canvases": max_canvases,
                 "canvas_length": canvas_length, "arch": asdict(arch),
                 "data_meta_sha256": _file_sha256(data_dir / "meta.json")}
@@ -878,7 +890,7 @@ def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: s
             adapt_threads()
         gen, rng = step_rngs(s.seed, step)
         batch = make_batch(train_data, batch_indices(len(train_data), s.batch_size, s.seed, step),
-                           canvas_length, max_canvases, rng)
+                           canvas_length, max_canvases, rng, s.turn_tail)
         step_t0 = time.time()
         with autocast(dev, precision):
             if objective == "ar":
@@ -1153,7 +1165,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.recipe == "v2" and args.init_from is None:
             ap.error("--recipe v2 continues from v1 (its AR-only baseline too): pass --init-from (the v1 GGUF), "
                      "or --recipe v1")
-        if args.recipe in ("v3", "v4") and (args.init_from is None or args.objective == "ar"):
+        if args.recipe in ("v3", "v4", "v5") and (args.init_from is None or args.objective == "ar"):
             ap.error(f"--recipe {args.recipe} fine-tunes v2's decoder: pass --init-from (v2's step-1,000 weights as a GGUF); "
                      "its AR-only comparison is v2's (--recipe v2 --objective ar)")
         train(args.data_dir, args.run_dir, args.objective, args.device, args.threads, args.max_minutes,

@@ -300,6 +300,27 @@ def test_canvases_end_with_end_of_turn_then_pad():
     assert all(t == dtok.PAD for t in last[last.index(dtok.END_OF_TURN) + 1:])
 
 
+def test_text_tail_canvases_hold_what_the_window_says_next():
+    """v5: after a turn's <end_of_turn> its last canvas holds the following tokens (the window's own
+    <end_of_turn> not repeated), <pad> only past the window's end; the canvases and their starts
+    are the pad-tailed ones."""
+    ids = np.arange(100, 160)
+    ids[8] = dtok.END_OF_TURN  # the window's own end-of-turn token after the first turn
+    spans = np.array([[3, 8], [12, 50], [55, 58]])
+    pad = td.canvases_for(ids, spans, canvas_length=8)
+    text = td.canvases_for(ids, spans, canvas_length=8, tail="text")
+    assert [st for st, _ in text] == [st for st, _ in pad]
+    assert text[0][1].tolist() == [103, 104, 105, 106, 107, dtok.END_OF_TURN, 109, 110]
+    assert text[-2][1].tolist() == [144, 145, 146, 147, 148, 149, dtok.END_OF_TURN, 150]
+    assert text[-1][1].tolist() == [155, 156, 157, dtok.END_OF_TURN, 158, 159, dtok.PAD, dtok.PAD]
+    for (_, a), (_, b) in zip(pad, text):  # identical up to and including the end of turn
+        k = a.tolist().index(dtok.END_OF_TURN) if dtok.END_OF_TURN in a else len(a) - 1
+        assert a[:k + 1].tolist() == b[:k + 1].tolist()
+    with pytest.raises(ValueError):
+        td.canvases_for(ids, spans, canvas_length=8, tail="eos")
+    assert dmc.RECIPES["v5"].turn_tail == "text" and dmc.RECIPES["v3"].turn_tail == "pad"
+
+
 TINY = tiny_text_arch()
 
 
@@ -514,7 +535,7 @@ def test_training_logs_checkpoints_resumes_and_exports(tiny_data, tmp_path):
     assert {"start", "train", "val", "sample", "done"} <= kinds
     val = [r for r in log if r["kind"] == "val"]
     assert {"ar", "diff", "diff_t1", "diff_t05", "diff_roll"} <= set(val[0])
-    assert not {"rollout_prob", "rollout_loss_fresh_only"} & set(json.loads((full / "settings.json").read_text())["train"])
+    assert not {"rollout_prob", "rollout_loss_fresh_only", "turn_tail"} & set(json.loads((full / "settings.json").read_text())["train"])
     train_recs = [r for r in log if r["kind"] == "train"]
     assert all(np.isfinite(r["diff"]) and np.isfinite(r["ar"]) for r in train_recs)
     assert not list((full / "checkpoints").glob("*.tmp*"))
@@ -557,9 +578,11 @@ def test_training_logs_checkpoints_resumes_and_exports(tiny_data, tmp_path):
 
 @pytest.mark.slow
 def test_rollout_training_runs_and_is_pinned(tiny_data, tmp_path):
-    state = _train(tiny_data, tmp_path / "roll", overrides={"steps": 2, "self_cond_prob": 1.0, "rollout_prob": 1.0})
+    state = _train(tiny_data, tmp_path / "roll", overrides={"steps": 2, "self_cond_prob": 1.0, "rollout_prob": 1.0,
+                                                            "turn_tail": "text"})
     assert state["step"] == 2
-    assert json.loads((tmp_path / "roll" / "settings.json").read_text())["train"]["rollout_prob"] == 1.0
+    pinned = json.loads((tmp_path / "roll" / "settings.json").read_text())["train"]
+    assert pinned["rollout_prob"] == 1.0 and pinned["turn_tail"] == "text"
     log = [json.loads(line) for line in (tmp_path / "roll" / "log.jsonl").read_text().splitlines()]
     assert all(np.isfinite(r["diff"]) for r in log if r["kind"] == "train")
 
@@ -581,10 +604,10 @@ def test_v2_ar_baseline_needs_v2s_start(tmp_path, capsys):
                      "--objective", objective])
         assert "--init-from" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
-    assert set(dmc.AR_BASELINE_STEPS) == set(dmc.RECIPES) - {"v3", "v4"}
+    assert set(dmc.AR_BASELINE_STEPS) == set(dmc.RECIPES) - {"v3", "v4", "v5"}
 
 
-@pytest.mark.parametrize("recipe", ["v3", "v4"])
+@pytest.mark.parametrize("recipe", ["v3", "v4", "v5"])
 def test_rollout_recipes_fine_tune_v2_and_have_no_baseline_of_their_own(tmp_path, capsys, recipe):
     base = ["train", "--data-dir", str(tmp_path / "data"), "--run-dir", str(tmp_path / "run"), "--recipe", recipe]
     for extra in ([], ["--init-from", str(tmp_path / "v2.gguf"), "--objective", "ar"]):

@@ -37,6 +37,7 @@ from dgchat.app.session import EngineJob
 from dgchat.app.tool_screen import ToolScreen, open_tool
 from dgchat.app.widgets.draft_preview import DraftPreview
 from dgchat.app.widgets.status_bar import StatusBar
+from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
 from dgchat.model_backend.events import FinalEvent, StepEvent
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -129,8 +130,7 @@ class DraftingScreen(ToolScreen):
         seed = self.app.config.sampler_params().seed
         self._seed = int(seed) if seed is not None else 0
         editor = self.editor
-        if self.app.is_headless:
-            editor.cursor_blink = False
+        steady_cursors_when_headless(self)
         self._load()
         editor.focus()
         self.update_status()

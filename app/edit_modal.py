@@ -3,6 +3,7 @@ earlier prompt and everything after it stay one `[`/`]` away)."""
 
 from __future__ import annotations
 
+from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -33,8 +34,7 @@ class EditModal(ModalScreen[str | None]):
 
     def on_mount(self) -> None:
         area = self.query_one(TextArea)
-        if self.app.is_headless:
-            area.cursor_blink = False
+        steady_cursors_when_headless(self)
         area.focus()
         area.move_cursor(area.document.end)
 

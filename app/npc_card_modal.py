@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dgchat.app.npc_cards import card_from_form, store_card
+from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
 from dgchat.npc.cards import CharacterCard, slug
 from dgchat.npc.errors import CardError
 from textual.app import ComposeResult
@@ -91,9 +92,7 @@ class CardModal(ModalScreen[CharacterCard | None]):
             yield field
 
     def on_mount(self) -> None:
-        if self.app.is_headless:
-            for area in self.query(TextArea):
-                area.cursor_blink = False
+        steady_cursors_when_headless(self)
         self.query_one("#card-name", Input).focus()
 
     def on_input_changed(self, event: Input.Changed) -> None:

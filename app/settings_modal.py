@@ -22,6 +22,7 @@ from typing import Any
 from dgchat.app.model_picker import ModelPicker
 from dgchat.app.paths import display_name
 from dgchat.app.widgets.path_suggester import PathSuggester
+from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
 from dgchat.model_backend.errors import DgchatError
 from dgchat.model_backend.params import (
     ALGORITHMS,
@@ -227,10 +228,7 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
                 yield Button("Cancel", id="cancel")
 
     def on_mount(self) -> None:
-        if self.app.is_headless:  # a blinking cursor made screenshots depend on timing
-            self.query_one("#field-system", TextArea).cursor_blink = False
-            for field in self.query(Input):
-                field.cursor_blink = False
+        steady_cursors_when_headless(self)
         self.query_one("#settings-error", Label).display = False
         self.query_one("#field-model", Input).focus()
 

@@ -118,6 +118,9 @@ V4_ROLLOUT_FRESH = replace(V3_ROLLOUT, rollout_loss_fresh_only=True)
 V5_ROLLOUT_TEXT_TAIL = replace(V3_ROLLOUT, turn_tail="text")
 RECIPES = {"v1": TrainSettings(), "v2": V2_CONTINUATION, "v3": V3_ROLLOUT, "v4": V4_ROLLOUT_FRESH,
            "v5": V5_ROLLOUT_TEXT_TAIL}
+# Recipes that fine-tune v2's step-1,000 weights: they need --init-from and have no AR-only
+# baseline of their own (v2's is theirs).
+V2_FINE_TUNES = frozenset({"v3", "v4", "v5"})
 
 
 # The AR-only baseline (`train --objective ar`, same model, same start) gets the diffusion run's

@@ -455,7 +455,7 @@ def rollout_canvases(logits, noise_gen):
     softmax(logits / T) at every position, the sampler's own `accept_mask` over the entropies, every
     other position given a fresh uniformly random token. Returns (next canvas, logits / T, accepted):
     what the next generation step feeds the decoder as its canvas and its self-conditioning input,
-    and which positions the sampler has settled (it never revisits them)."""
+    and which positions the sampler accepted (the next step redraws those too)."""
     import torch
 
     from dgchat.model_backend.entropy_bound import accept_mask
@@ -478,11 +478,14 @@ def rollout_canvases(logits, noise_gen):
 
 def diffusion_losses(model, batch, settings: dmc.TrainSettings, canvas_length: int, noise_gen, device,
                      self_cond: bool, t_fixed: float | None = None, router: RouterStats | None = None,
-                     rollout_prob: float | None = None, rollout_fresh_only: bool | None = None):
+                     rollout_prob: float | None = None, rollout_fresh_only: bool | None = None,
+                     report_fresh: bool = False):
     """Forward pass of the diffusion objective. Returns (diffusion CE, AR CE, token counts).
     `rollout_prob` (default: the settings') is the share of canvases that a self-conditioning
     step replaces by `rollout_canvases` of its first pass; with `rollout_fresh_only` (default: the
-    settings' `rollout_loss_fresh_only`) their accepted positions are left out of the loss."""
+    settings' `rollout_loss_fresh_only`) their accepted positions are left out of the loss.
+    `report_fresh` adds that fresh-only CE to the counts ("diff_fresh", "fresh_tokens") from the
+    same forward pass, whichever loss is returned."""
     import torch
 
     ids = torch.as_tensor(batch["ids"], device=device)
@@ -511,7 +514,7 @@ def diffusion_losses(model, batch, settings: dmc.TrainSettings, canvas_length: i
     ar_ce = weighted_ce_sum(model, enc.last_hidden_state[:, :-1], ids[:, 1:], ar_mask) / ar_mask.sum()
 
     sc_logits = None
-    settled = None  # rollout positions the sampler accepted, left out of the loss (v4)
+    settled = None  # rollout positions the sampler accepted (v4 leaves them out of the loss)
     if self_cond:
         if router is not None:
             router.active = False
@@ -523,19 +526,22 @@ def diffusion_losses(model, batch, settings: dmc.TrainSettings, canvas_length: i
                 r_canvas, r_processed, r_accepted = rollout_canvases(sc_logits, noise_gen)
                 noisy = torch.where(roll, r_canvas, noisy)
                 sc_logits = torch.where(roll[..., None], r_processed, sc_logits)
-                fresh_only = settings.rollout_loss_fresh_only if rollout_fresh_only is None else rollout_fresh_only
-                if fresh_only:
-                    settled = roll & r_accepted
+                settled = roll & r_accepted
         if router is not None:
             router.active = True
     hidden = decode_canvases(model, enc.past_key_values, noisy, starts, sc_logits, return_hidden=True)
     if router is not None:
         router.active = False
     w = valid[:, :, None].expand(B, C, L)
-    if settled is not None:
-        w = w & ~settled
-    diff_ce = weighted_ce_sum(model, hidden, targets, w) / w.sum().clamp(min=1)
-    return diff_ce, ar_ce, {"ar_tokens": int(ar_mask.sum()), "canvas_tokens": int(w.sum())}
+    fresh_w = w if settled is None else w & ~settled
+    fresh_only = settings.rollout_loss_fresh_only if rollout_fresh_only is None else rollout_fresh_only
+    loss_w = fresh_w if fresh_only else w
+    diff_ce = weighted_ce_sum(model, hidden, targets, loss_w) / loss_w.sum().clamp(min=1)
+    info = {"ar_tokens": int(ar_mask.sum()), "canvas_tokens": int(loss_w.sum())}
+    if report_fresh:
+        info["diff_fresh"] = weighted_ce_sum(model, hidden, targets, fresh_w) / fresh_w.sum().clamp(min=1)
+        info["fresh_tokens"] = int(fresh_w.sum())
+    return diff_ce, ar_ce, info
 
 
 def ar_losses(model, batch, device, router: RouterStats | None = None):
@@ -712,14 +718,12 @@ def evaluate(model, val: Windows, s: dmc.TrainSettings, objective: str, device, 
             add("diff_t05", diff5, info["canvas_tokens"])
             # the second generation step: one sampler step from a fully random canvas, then the loss
             gen, _ = step_rngs(999, k, salt=4)
+            # and, from the same pass, the loss only where the sampler did not accept (what v4 trains)
             roll, _, info = diffusion_losses(model, batch, s, canvas_length, gen, device, self_cond=True,
-                                             t_fixed=1.0, rollout_prob=1.0, rollout_fresh_only=False)
+                                             t_fixed=1.0, rollout_prob=1.0, rollout_fresh_only=False,
+                                             report_fresh=True)
             add("diff_roll", roll, info["canvas_tokens"])
-            # the same canvases, the loss only where the sampler has not settled (what v4 trains)
-            gen, _ = step_rngs(999, k, salt=4)
-            roll, _, info = diffusion_losses(model, batch, s, canvas_length, gen, device, self_cond=True,
-                                             t_fixed=1.0, rollout_prob=1.0, rollout_fresh_only=True)
-            add("diff_roll_fresh", roll, info["canvas_tokens"])
+            add("diff_roll_fresh", info["diff_fresh"], info["fresh_tokens"])
     model.train()
     return {k: sums[k] / weights[k] for k in sums}
 
@@ -839,10 +843,9 @@ def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: s
     dev = torch.device(device)
 
     train_settings = asdict(s)
-    if not s.rollout_prob:  # runs from before rollout canvases existed stay resumable
-        train_settings.pop("rollout_prob")
-    for key, default in (("rollout_loss_fresh_only", False), ("turn_tail", "pad")):
-        if train_settings[key] == default:  # likewise runs from before v4 / v5
+    # settings added after runs existed are pinned only when set, so those runs stay resumable
+    for key, default in (("rollout_prob", 0.0), ("rollout_loss_fresh_only", False), ("turn_tail", "pad")):
+        if train_settings[key] == default:
             train_settings.pop(key)
     settings = {"objective": objective, "precision": precision, "train": train_settings, "max_canvases": max_canvases,
                 "canvas_length": canvas_length, "arch": asdict(arch),
@@ -1165,7 +1168,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.recipe == "v2" and args.init_from is None:
             ap.error("--recipe v2 continues from v1 (its AR-only baseline too): pass --init-from (the v1 GGUF), "
                      "or --recipe v1")
-        if args.recipe in ("v3", "v4", "v5") and (args.init_from is None or args.objective == "ar"):
+        if args.recipe in dmc.V2_FINE_TUNES and (args.init_from is None or args.objective == "ar"):
             ap.error(f"--recipe {args.recipe} fine-tunes v2's decoder: pass --init-from (v2's step-1,000 weights as a GGUF); "
                      "its AR-only comparison is v2's (--recipe v2 --objective ar)")
         train(args.data_dir, args.run_dir, args.objective, args.device, args.threads, args.max_minutes,

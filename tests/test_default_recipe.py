@@ -448,15 +448,23 @@ def test_rollout_canvases_are_one_step_of_the_generation_sampler():
     assert counts.max() < 3 * fresh.numel() / V
 
 
+def _two_window_batch(seed: int) -> dict:
+    """Two random windows of 90 and 80 tokens with two full canvases each."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    L = dmc.CANVAS_LENGTH
+    return {"ids": torch.randint(6, 300, (2, 90), generator=g).numpy(), "lengths": np.array([90, 80]),
+            "starts": np.array([[10, 42], [5, 37]]), "targets": torch.randint(6, 300, (2, 2, L), generator=g).numpy(),
+            "valid": np.ones((2, 2), bool)}
+
+
 def test_diffusion_losses_with_rollout_share(tiny_model):
     import torch
 
     model = tiny_model
     L = dmc.CANVAS_LENGTH
-    g = torch.Generator().manual_seed(3)
-    batch = {"ids": torch.randint(6, 300, (2, 90), generator=g).numpy(), "lengths": np.array([90, 80]),
-             "starts": np.array([[10, 42], [5, 37]]), "targets": torch.randint(6, 300, (2, 2, L), generator=g).numpy(),
-             "valid": np.ones((2, 2), bool)}
+    batch = _two_window_batch(3)
     s = dmc.RECIPES["v2"]
 
     def run(share, self_cond=True):
@@ -482,16 +490,16 @@ def test_rollout_loss_on_fresh_positions_only(tiny_model):
 
     model = tiny_model
     L = dmc.CANVAS_LENGTH
-    g = torch.Generator().manual_seed(5)
-    batch = {"ids": torch.randint(6, 300, (2, 90), generator=g).numpy(), "lengths": np.array([90, 80]),
-             "starts": np.array([[10, 42], [5, 37]]), "targets": torch.randint(6, 300, (2, 2, L), generator=g).numpy(),
-             "valid": np.ones((2, 2), bool)}
+    batch = _two_window_batch(5)
 
-    def run(fresh_only, share=1.0):
+    def run(fresh_only, share=1.0, report=False):
         gen = torch.Generator().manual_seed(11)
         with torch.no_grad():
             diff, _, info = td.diffusion_losses(model, batch, dmc.RECIPES["v4"], L, gen, "cpu", self_cond=True,
-                                                t_fixed=0.05, rollout_prob=share, rollout_fresh_only=fresh_only)
+                                                t_fixed=0.05, rollout_prob=share, rollout_fresh_only=fresh_only,
+                                                report_fresh=report)
+        if report:
+            return float(diff), info["canvas_tokens"], float(info["diff_fresh"]), info["fresh_tokens"]
         return float(diff), info["canvas_tokens"], gen.get_state()
 
     all_pos, n_all, state_all = run(False)
@@ -500,6 +508,8 @@ def test_rollout_loss_on_fresh_positions_only(tiny_model):
     assert n_all == 2 * 2 * L and 0 < n_fresh < n_all and fresh != all_pos
     assert run(None)[1] == n_fresh  # v4's default
     assert run(True, share=0.0)[1] == n_all  # no rollout canvas, nothing left out
+    # evaluate's diff_roll and diff_roll_fresh come from one pass: the same numbers as two
+    assert run(False, report=True) == (all_pos, n_all, fresh, n_fresh)
     assert dmc.RECIPES["v4"].rollout_loss_fresh_only and not dmc.RECIPES["v3"].rollout_loss_fresh_only
 
 
@@ -534,7 +544,7 @@ def test_training_logs_checkpoints_resumes_and_exports(tiny_data, tmp_path):
     kinds = {r["kind"] for r in log}
     assert {"start", "train", "val", "sample", "done"} <= kinds
     val = [r for r in log if r["kind"] == "val"]
-    assert {"ar", "diff", "diff_t1", "diff_t05", "diff_roll"} <= set(val[0])
+    assert {"ar", "diff", "diff_t1", "diff_t05", "diff_roll", "diff_roll_fresh"} <= set(val[0])
     assert not {"rollout_prob", "rollout_loss_fresh_only", "turn_tail"} & set(json.loads((full / "settings.json").read_text())["train"])
     train_recs = [r for r in log if r["kind"] == "train"]
     assert all(np.isfinite(r["diff"]) and np.isfinite(r["ar"]) for r in train_recs)
@@ -604,7 +614,7 @@ def test_v2_ar_baseline_needs_v2s_start(tmp_path, capsys):
                      "--objective", objective])
         assert "--init-from" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
-    assert set(dmc.AR_BASELINE_STEPS) == set(dmc.RECIPES) - {"v3", "v4", "v5"}
+    assert set(dmc.AR_BASELINE_STEPS) == set(dmc.RECIPES) - {"v3", "v4", "v5"} == set(dmc.RECIPES) - dmc.V2_FINE_TUNES
 
 
 @pytest.mark.parametrize("recipe", ["v3", "v4", "v5"])

@@ -83,6 +83,9 @@ def add_sampler_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--entropy-bound", type=float, help="DiffusionGemma: entropy budget per step")
     g.add_argument("--t-min", type=float, help="DiffusionGemma: final temperature")
     g.add_argument("--t-max", type=float, help="DiffusionGemma: initial temperature")
+    g.add_argument("--pad-bias", type=float,
+                   help="DiffusionGemma: added to the pad token's logit at each denoising step; negative "
+                        "values give longer answers (default: the model's, 0 if it names none)")
     g.add_argument("--ar", action="store_true", help="DiffusionGemma: decode autoregressively with the same weights")
 
 
@@ -109,6 +112,7 @@ def params_from_args(args: argparse.Namespace) -> DiffusionParams:
         entropy_bound=args.entropy_bound,
         t_min=args.t_min,
         t_max=args.t_max,
+        pad_bias=args.pad_bias,
         autoregressive=args.ar,
         sampler_on=args.sampler_on,
         soft_embedding=args.soft_embedding,

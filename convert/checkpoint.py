@@ -102,6 +102,9 @@ def _read_json(path: Path, required: bool) -> dict[str, Any] | None:
     return data
 
 
+DGCHAT_GENERATION_FILE = "dgchat_generation.json"
+
+
 class Checkpoint:
     """A Hugging Face checkpoint folder. Use as a context manager (closes the shard mappings)."""
 
@@ -112,6 +115,11 @@ class Checkpoint:
         self.config: dict[str, Any] = _read_json(self.folder / "config.json", required=True) or {}
         self.generation_config: dict[str, Any] | None = _read_json(
             self.folder / "generation_config.json", required=False
+        )
+        # dgchat's own sampler defaults for this checkpoint (DiffusionGemma's `pad_bias`), kept out of
+        # generation_config.json, whose transformers class refuses keys it does not know
+        self.dgchat_generation: dict[str, Any] | None = _read_json(
+            self.folder / DGCHAT_GENERATION_FILE, required=False
         )
         self._maps: dict[Path, mmap.mmap] = {}
         self._files: dict[Path, Any] = {}

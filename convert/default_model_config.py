@@ -80,8 +80,8 @@ class TrainSettings:
     rollout_prob: float = 0.0
     # v4: the loss on a rollout canvas counts only the positions holding fresh random tokens, not
     # the ones the sampler accepted (drawn at high noise, often wrong). Measured: the answers shrink
-    # as v3's do. The sampler redraws accepted positions at every step too, so the v3 loss is the
-    # one that matches generation. The short answers come from the pad tail (below; model card).
+    # as v3's do; the short answers come from the pad tail (below; model card), which the shipped
+    # model's pad bias breaks at sampling time.
     rollout_loss_fresh_only: bool = False
     # What fills a turn's last canvas after its <end_of_turn> (`train_default.canvases_for`):
     # "pad" (v1-v4) or "text", what the window says next (v5).
@@ -108,7 +108,9 @@ V2_CONTINUATION = TrainSettings(steps=1000, lr=1e-3, warmup_steps=100, t_power=0
 # canvases"): the shipped model stays v2.
 V3_ROLLOUT = TrainSettings(steps=500, lr=2e-4, warmup_steps=20, t_power=1.0, self_cond_prob=0.5,
                            rollout_prob=0.5, eval_every=100, ckpt_every=50, sample_every=250)
-# v4, an experiment (issue 13, sixth session): v3 with the rollout loss on fresh positions only.
+# v4 (issue 13): v3 with the rollout loss on fresh positions only. Its step-100 weights are the
+# bundled model, exported with `--pad-bias -1`: without that sampler default they answer in ~4 words
+# (the pad chain, below), with it as long as v2 at 97.6 % word validity (model card, "v4").
 V4_ROLLOUT_FRESH = replace(V3_ROLLOUT, rollout_loss_fresh_only=True)
 # v5, an experiment (issue 13, sixth session): v3 with text after each answer's <end_of_turn>
 # instead of pads. In v3/v4 the sampler accepts the pads first, from the canvas's end backwards

@@ -1,15 +1,21 @@
 """Train dgchat's default model: a tiny DiffusionGemma on Shakespeare's plays (issues 4 and 13).
 
-v2 (the shipped file) continues from v1 with a grown vocabulary (convert/warm_start.py):
+v4 (the shipped file) is v2's weights at step 1,000 fine-tuned with rollout canvases, exported with
+a pad bias; v2 continues from v1 with a grown vocabulary (convert/warm_start.py):
 
     python -m dgchat.convert.train_default prepare --data-dir convert/runs/data      # 16,384 entries
     python -m dgchat.convert.train_default train   --data-dir convert/runs/data --run-dir convert/runs/v2 \
         --init-from v1.gguf                     # v1: `git show 044bf07:assets/dgchat-tiny-plays.gguf`
     python -m dgchat.convert.train_default train   --data-dir convert/runs/data --run-dir convert/runs/v2ar \
         --init-from v1.gguf --objective ar      # its AR-only baseline: same start, same time
-    python -m dgchat.convert.train_default train   --data-dir convert/runs/data --run-dir convert/runs/v3 \
-        --recipe v3 --init-from v2-step1000-f32.gguf  # experiment, not shipped: rollout canvases
-    # v4 (rollout loss on fresh positions) and v5 (text after <end_of_turn>): the same, --recipe v4|v5
+    python -m dgchat.convert.train_default export  --run-dir convert/runs/v2 --data-dir convert/runs/data \
+        --checkpoint convert/runs/v2/checkpoints/step-0001000 --out convert/runs/v2/hf1000
+    dgchat convert convert/runs/v2/hf1000 --outtype f32 -o v2-step1000-f32.gguf
+    python -m dgchat.convert.train_default train   --data-dir convert/runs/data --run-dir convert/runs/v4 \
+        --recipe v4 --init-from v2-step1000-f32.gguf  # rollout canvases; the shipped weights: step 100
+    python -m dgchat.convert.train_default export  --run-dir convert/runs/v4 --data-dir convert/runs/data \
+        --checkpoint convert/runs/v4/checkpoints/step-0000100 --pad-bias -1 --out convert/runs/v4/hf
+    # v3 and v5 (experiments, not shipped; model card): the same as v4 with --recipe v3|v5
 
 v1 from scratch (what v1.gguf came from, 8,192 entries):
 
@@ -77,6 +83,7 @@ import numpy as np
 from dgchat.convert import default_model_config as dmc
 from dgchat.convert import default_tokenizer as dtok
 from dgchat.convert import plays_data
+from dgchat.convert.checkpoint import DGCHAT_GENERATION_FILE
 from dgchat.model_backend.errors import DgchatError
 
 # --------------------------------------------------------------------------------------------
@@ -1021,8 +1028,10 @@ def run_arch(run_dir: Path) -> dmc.TextArch:
     return dmc.TextArch(**arch)
 
 
-def export_hf(run_dir: Path, data_dir: Path, out_dir: Path, checkpoint: Path | None = None) -> Path:
-    """Write a HF-style checkpoint folder from a training checkpoint (default: the latest)."""
+def export_hf(run_dir: Path, data_dir: Path, out_dir: Path, checkpoint: Path | None = None,
+              pad_bias: float = 0.0) -> Path:
+    """Write a HF-style checkpoint folder from a training checkpoint (default: the latest); a
+    non-zero `pad_bias` goes to dgchat_generation.json, the converter's source for that default."""
     ckpt = checkpoint or latest_checkpoint(run_dir)
     if ckpt is None:
         raise DgchatError(f"no checkpoint in {run_dir}")
@@ -1031,6 +1040,8 @@ def export_hf(run_dir: Path, data_dir: Path, out_dir: Path, checkpoint: Path | N
     tmp = export_staging_dir(out_dir)
     model.save_pretrained(tmp)
     _atomic_json(tmp / "generation_config.json", dmc.generation_config_dict())
+    if pad_bias:
+        _atomic_json(tmp / DGCHAT_GENERATION_FILE, {"pad_bias": float(pad_bias)})
     return publish_export(tmp, out_dir, data_dir, state)
 
 
@@ -1140,6 +1151,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--checkpoint", type=Path)
+    p.add_argument("--pad-bias", type=float, default=0.0,
+                   help="the model's default bias on <pad>'s logit while denoising (the bundled model: -1)")
     p = sub.add_parser("sample", help="generate with the model's own generate()")
     p.add_argument("--model", type=Path, required=True, help="an exported HF-style folder")
     p.add_argument("--system", default=SAMPLE_PROMPTS[1][0]["content"])
@@ -1176,7 +1189,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "baselines":
         print(json.dumps(unigram_baselines(args.data_dir), indent=2))
     elif args.cmd == "export":
-        print(export_hf(args.run_dir, args.data_dir, args.out, args.checkpoint))
+        print(export_hf(args.run_dir, args.data_dir, args.out, args.checkpoint, args.pad_bias))
     elif args.cmd == "tune-generation":
         import torch
 

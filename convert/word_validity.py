@@ -204,7 +204,8 @@ def answer_text(engine: Any, tokens: Iterable[int]) -> str:
 
 
 def parse_settings(items: Sequence[str]) -> dict[str, Any]:
-    """`--set name=value` pairs as DiffusionParams fields (ints, floats, or text)."""
+    """`--set name=value` pairs as DiffusionParams fields (ints, floats, or text; `logit_bias` takes
+    ID:BIAS pairs separated by commas)."""
     from dataclasses import fields
 
     from dgchat.model_backend.params import DiffusionParams
@@ -217,6 +218,13 @@ def parse_settings(items: Sequence[str]) -> dict[str, Any]:
         if not sep or name not in known or name in ("seed", "autoregressive"):
             raise ValueError(f"{item!r}: expected NAME=VALUE with NAME a sampler setting (e.g. steps=12)")
         value: Any = raw.strip()
+        if name == "logit_bias":  # token id:bias pairs, comma-separated: logit_bias=0:-2,4:-1.5
+            try:
+                value = tuple((int(i), float(b)) for i, _, b in (p.partition(":") for p in value.split(",")))
+            except ValueError:
+                raise ValueError(f"{item!r}: expected logit_bias=ID:BIAS[,ID:BIAS...]") from None
+            out[name] = value
+            continue
         for conv in (int, float):
             try:
                 value = conv(value)

@@ -26,7 +26,7 @@ SAMPLER_KEYS: dict[str, type] = {
     "steps": int, "gen_length": int, "block_length": int, "algorithm": str, "eps": float, "temperature": float,
     "top_k": int, "top_p": float, "threshold": float, "alg_temp": float, "max_tokens": int, "cache": str,
     "entropy_bound": float, "t_min": float, "t_max": float, "stability_threshold": int,
-    "confidence_threshold": float,
+    "confidence_threshold": float, "pad_bias": float,
 }
 _TOP_KEYS = ("schema", "models")
 _ENTRY_KEYS = ("name", "title", "description", "family", "repo", "filename", "revision", "size", "size_exact",

@@ -232,6 +232,7 @@ class DgLlamaSource:
 class DgSetup:
     eog: np.ndarray
     n_vocab: int
+    pad: int | None = None  # the pad token, which params.pad_bias biases
 
 
 Coroutine = Generator["Request | StepEvent | FinalEvent", "np.ndarray | RowStats | None", None]
@@ -255,7 +256,9 @@ def dg_denoiser(
     V = setup.n_vocab
     is_eog = np.zeros(V, dtype=bool)
     is_eog[setup.eog] = True
-    bias_ids, bias_values = logit_bias_arrays(params.logit_bias)
+    pad_bias = float(params.pad_bias or 0.0)
+    bias_ids, bias_values = logit_bias_arrays(
+        tuple(params.logit_bias) + (((setup.pad, pad_bias),) if pad_bias and setup.pad is not None else ()))
     fixed = template.fixed.astype(bool) if template is not None else None
     stats = GenerationStats(prompt_tokens=int(prompt.size))
     t_start = time.perf_counter()
@@ -539,7 +542,7 @@ class DiffusionGemmaEngine(DiffusionEngine):
         super().check_fits(prompt_tokens, params.updated(max_tokens=int(params.max_tokens) + int(params.gen_length)))
 
     def _setup(self) -> DgSetup:
-        return DgSetup(self._eog, self.model.n_vocab)
+        return DgSetup(self._eog, self.model.n_vocab, self.model.pad)
 
     def _coroutine(self, prompt, params, cancel, template) -> Coroutine:
         if params.autoregressive:

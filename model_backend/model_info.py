@@ -25,7 +25,7 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "rnd1": dict(steps=128, gen_length=128, eps=1e-3, algorithm="entropy", temperature=0.0),
     "diffusion_gemma": dict(
         steps=48, entropy_bound=0.1, t_min=0.4, t_max=0.8, stability_threshold=1, confidence_threshold=0.005,
-        temperature=0.0, algorithm="entropy",
+        temperature=0.0, algorithm="entropy", pad_bias=0.0,
     ),
 }
 _ARCH_FAMILY = {"llada": "llada", "llada-moe": "llada", "dream": "dream", "rnd1": "rnd1"}
@@ -53,6 +53,7 @@ _DG_KEYS = {
     "t_max": "t_max",
     "stability_threshold": "stability_threshold",
     "confidence_threshold": "confidence_threshold",
+    "pad_bias": "pad_bias",
 }
 
 
@@ -87,7 +88,7 @@ _DEFAULT_TYPES: dict[str, type] = {
     "steps": int, "gen_length": int, "block_length": int, "top_k": int, "stability_threshold": int,
     "algorithm": str,
     "threshold": float, "temperature": float, "eps": float, "top_p": float, "entropy_bound": float, "t_min": float,
-    "t_max": float, "confidence_threshold": float,
+    "t_max": float, "confidence_threshold": float, "pad_bias": float,
 }
 
 

@@ -65,6 +65,12 @@ class DiffusionParams:
     stability_threshold: int | None = None
     confidence_threshold: float | None = None
     autoregressive: bool = False  # decode left to right with the causal encoder (DiffusionGemma --ar)
+    # DiffusionGemma: added to the pad token's logit at every denoising step (not with --ar). A model
+    # trained with pads after each answer's end accepts them first, from the canvas's end backwards,
+    # each sure given the pad to its right, until the answer is a few tokens long (the "<eos> overflow"
+    # of Kim et al., "Rainbow Padding", arXiv:2510.03680); a negative bias breaks that chain (the
+    # bundled model's default, measured in its model card). 0: off.
+    pad_bias: float | None = None
     # additive biases on token logits, ((token id, bias), ...), like OpenAI's logit_bias: a bias of
     # -100 or lower bans the token outright (banned words of NPC cards, the API's logit_bias)
     logit_bias: tuple[tuple[int, float], ...] = ()
@@ -118,11 +124,12 @@ class DiffusionParams:
         whole("stability-threshold", self.stability_threshold, 0, MAX_STEPS, "an integer >= 0")
         whole("seed", self.seed, 0, MAX_SEED, "an integer >= 0")
         for name in ("eps", "temperature", "top_p", "threshold", "factor", "entropy_bound", "t_min", "t_max",
-                     "confidence_threshold"):
+                     "confidence_threshold", "pad_bias"):
             value = number(name.replace("_", "-"), getattr(self, name))
             # the entropy bound and confidence threshold are budgets summed over the canvas: 1e6 is a
             # legitimate "no bound"; no loop or allocation grows with either
-            limit = MAX_BUDGET if name in ("entropy_bound", "confidence_threshold") else MAX_SCALE
+            limit = (MAX_BUDGET if name in ("entropy_bound", "confidence_threshold") else
+                     100.0 if name == "pad_bias" else MAX_SCALE)  # pad_bias: logit_bias's range
             if value is not None and abs(value) > limit:
                 bad(f"--{name.replace('_', '-')} must be at most {limit:g} in size (got {value!r})")
         for name in ("cfg_scale", "alg_temp"):

@@ -61,7 +61,7 @@ DEFAULT_CONTEXT = 8192  # a server that does not say its context length
 DEFAULT_CONCURRENCY = 4  # vLLM's DiffusionGemma recipe serves --max-num-seqs 4
 # DiffusionParams fields dgchat serve takes in its `dgchat` extension object (server/openai_api.py)
 DGCHAT_WIRE = ("steps", "gen_length", "block_length", "top_k", "algorithm", "cache", "alg_temp", "threshold",
-               "factor", "cfg_scale", "eps", "entropy_bound", "t_min", "t_max")
+               "factor", "cfg_scale", "eps", "entropy_bound", "t_min", "t_max", "pad_bias")
 OPENAI_WIRE = ("temperature", "top_p", "seed", "max_tokens", "logit_bias")
 VLLM_EXTRA = ("top_k",)  # vLLM's sampling extension
 # what no server takes: a request with one of these set (and not at the server's default) is refused

@@ -69,6 +69,7 @@ _DGCHAT_KEYS: dict[str, tuple[type, Any, Any, bool, bool]] = {
     "entropy_bound": (float, 0.0, 1000.0, True, False),
     "t_min": (float, 0.0, 10.0, False, False),
     "t_max": (float, 0.0, 10.0, False, False),
+    "pad_bias": (float, -100.0, 100.0, False, False),
     "canvas": (bool, None, None, False, False),
     "final": (bool, None, None, False, False),
 }

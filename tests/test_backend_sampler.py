@@ -161,7 +161,7 @@ def test_dg_without_self_conditioning_same_tokens_on_both_paths(bundled, dg_tiny
         try:
             prompt = engine.chat_prompt([{"role": "user", "content": PROMPT}])
             for seed in seeds:
-                params = dict(seed=seed, max_tokens=64, logit_bias=((9, 1.5),))
+                params = dict(seed=seed, max_tokens=64, logit_bias=((9, 1.5),), pad_bias=-1.0 if seed % 2 else 0.0)
                 host = _final(engine, prompt, DiffusionParams(sampler_on="host", **params))
                 backend = _final(engine, prompt, DiffusionParams(sampler_on="backend", **params))
                 np.testing.assert_array_equal(backend.tokens, host.tokens, err_msg=f"seed {seed}")
@@ -187,7 +187,8 @@ def test_dg_every_backend_step_is_the_numpy_step(bundled, dg_tiny, seed) -> None
         engine.step_check = oracle
         try:
             prompt = engine.chat_prompt([{"role": "user", "content": PROMPT}])
-            params = DiffusionParams(seed=seed, max_tokens=96, sampler_on="backend", logit_bias=((9, 1.5),))
+            params = DiffusionParams(seed=seed, max_tokens=96, sampler_on="backend", logit_bias=((9, 1.5),),
+                                     pad_bias=-1.5)
             final = _final(engine, prompt, params)
         finally:
             engine.step_check = None

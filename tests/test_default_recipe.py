@@ -572,6 +572,12 @@ def test_training_logs_checkpoints_resumes_and_exports(tiny_data, tmp_path):
     assert model.config.canvas_length == dmc.CANVAS_LENGTH
     assert model.generation_config.eos_token_id == [dtok.END_OF_TURN, dtok.EOS]
     assert model.generation_config.sampler_config.entropy_bound == dmc.GenerationDefaults().entropy_bound
+    assert not (out / "dgchat_generation.json").exists()
+    # the bundled model's export: its pad bias beside generation_config.json, which transformers loads
+    padded = td.export_hf(full, tiny_data, tmp_path / "hf-pad", pad_bias=-1.0)
+    assert json.loads((padded / "dgchat_generation.json").read_text()) == {"pad_bias": -1.0}
+    assert "pad_bias" not in json.loads((padded / "generation_config.json").read_text())
+    DiffusionGemmaForBlockDiffusion.from_pretrained(padded)
     tok = dtok.load_tokenizer(out / "tokenizer.json")
     texts = td.sample_texts(model, tok, max_new_tokens=dmc.CANVAS_LENGTH)
     assert len(texts) == 2 and all(isinstance(t, str) for t in texts)

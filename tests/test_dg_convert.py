@@ -87,12 +87,34 @@ def test_layout_is_stock_gemma4_plus_dgchat_keys(ckpt: Path, gguf_path: Path) ->
     assert h.get("dgchat.diffusion.confidence_threshold") == pytest.approx(gen["confidence_threshold"])
     assert h.get("dgchat.diffusion.eos_token_ids") == gen["eos_token_id"]
     assert h.get("dgchat.diffusion.defaulted") is None
+    assert h.get("dgchat.diffusion.pad_bias") is None  # only where generation_config names one
     # tokenizer
     assert h.get("tokenizer.ggml.model") == "gemma4"
     assert len(h.get("tokenizer.ggml.tokens")) == tc["vocab_size"]
     assert h.get("tokenizer.ggml.eos_token_id") == 1 and h.get("tokenizer.ggml.eot_token_id") == 6
     assert h.get("tokenizer.ggml.mask_token_id") == 4
     assert "<|turn>" in h.get("tokenizer.chat_template")
+
+
+def test_a_pad_bias_in_dgchat_generation_json_becomes_the_models_default(ckpt: Path, tmp_path: Path) -> None:
+    """dgchat_generation.json (not generation_config.json, whose transformers class refuses keys it
+    does not know) carries the pad bias into the GGUF; the engine reads it as the default."""
+    from dgchat.model_backend.model_info import inspect_header
+
+    src = tmp_path / "ckpt"
+    shutil.copytree(ckpt, src)
+    (src / "dgchat_generation.json").write_text(json.dumps({"pad_bias": -1.5}))
+    h = read_gguf_header(convert(src, tmp_path / "pad.gguf").output)
+    assert h.get("dgchat.diffusion.pad_bias") == pytest.approx(-1.5)
+    assert inspect_header(h).defaults["pad_bias"] == pytest.approx(-1.5)
+    for bad in ("-1", 1e9, True):
+        (src / "dgchat_generation.json").write_text(json.dumps({"pad_bias": bad}))
+        with pytest.raises(ConvertError, match="dgchat_generation.json: pad_bias = .* is not a number in"):
+            convert(src, tmp_path / "bad.gguf")
+    (src / "dgchat_generation.json").write_text("[1, 2]")
+    with pytest.raises(ConvertError, match="expected a JSON object"):
+        convert(src, tmp_path / "bad.gguf")
+    assert not (tmp_path / "bad.gguf").exists()
 
 
 def test_stock_llama_cpp_loads_it_and_tokenizes_like_transformers(ckpt: Path, gguf_path: Path) -> None:

@@ -159,6 +159,26 @@ def test_diffusion_gemma_cli_and_ar(dg_files) -> None:
     assert bad.returncode == 2 and "entropy-bound" in bad.stderr
 
 
+def test_pad_bias_moves_the_pad_token_while_denoising_only(dg_files) -> None:
+    """A large pad bias fills every canvas with pads; a ban in logit_bias still wins over it; --ar
+    never reads it (random weights: the pad is one token of 384 otherwise)."""
+    with DiffusionEngine.load(dg_files["sw64"]) as engine:
+        pad = engine.model.pad
+        assert pad is not None and engine.resolve().pad_bias == 0.0
+        prompt = engine.chat_prompt([{"role": "user", "content": "hello world"}])
+
+        def final(**kw) -> np.ndarray:
+            events = list(engine.generate(prompt, DiffusionParams(seed=3, max_tokens=16, **kw)))
+            assert isinstance(events[-1], FinalEvent)
+            return events[-1].tokens
+
+        plain = final()
+        assert (plain != pad).any()
+        assert (final(pad_bias=60.0) == pad).all()
+        assert not (final(pad_bias=60.0, logit_bias=((pad, -100.0),)) == pad).any()
+        np.testing.assert_array_equal(final(autoregressive=True, pad_bias=60.0), final(autoregressive=True))
+
+
 def test_ar_mode_equals_causal_greedy_decoding(dg_files) -> None:
     """--ar is the encoder as a causal LM: greedy tokens equal transformers' encoder argmax chain."""
     from fixtures.dg_reference import Reference

@@ -75,7 +75,7 @@ def test_visual_never_prints_special_tokens_nor_past_the_end() -> None:
     res = subprocess.run([sys.executable, "-m", "dgchat", "generate", "-m", str(model), "-p", prompt, "--seed", "0",
                           "--visual"], capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 0, res.stderr
-    frames = res.stdout.count("(canvas 1, ")
+    frames = sum(res.stdout.count(f"(canvas {c + 1}, ") for c in {ev.canvas_index for ev in steps})
     assert frames == len(steps)
     for piece in specials:
         assert piece not in res.stdout

@@ -166,6 +166,12 @@ def test_gemma4_sliding_window_and_rotation(tmp_path: Path) -> None:
     from dgchat.assets import bundled_model_path
 
     bundled = Path(bundled_model_path())
+    path = with_value(bundled, tmp_path / "pad.gguf", "dgchat.diffusion.pad_bias", F32, -500.0)
+    with pytest.raises(ModelFileError, match="pad_bias = -500.0 is out of range"):
+        inspect_header(read_gguf_header(path))
+    path = with_value(bundled, tmp_path / "pad.gguf", "dgchat.diffusion.pad_bias", STR, "low")
+    with pytest.raises(ModelFileError, match="is not a valid pad_bias"):
+        inspect_header(read_gguf_header(path))
     for key, value, pattern in (("gemma4.attention.sliding_window", 0, "sliding_window = 0"),
                                 ("gemma4.rope.dimension_count", 0, "must equal the head size (64)"),
                                 ("dgchat.diffusion_gemma.self_cond.intermediate_size", 7, "must hold")):
@@ -204,6 +210,8 @@ def test_duplicate_keys_are_refused(tmp_path: Path, llada_gguf: Path) -> None:
     ("seed", 1 << 64, "--seed must be at most"),
     ("stability_threshold", 10**9, "--stability-threshold must be at most"),
     ("logit_bias", ((1, float("nan")),), "logit_bias values must be numbers in [-100, 100]"),
+    ("pad_bias", -101.0, "--pad-bias must be at most 100"),
+    ("pad_bias", "low", "--pad-bias must be a finite number"),
     ("logit_bias", tuple((i, 1.0) for i in range(70_000)), "logit_bias has 70000 entries"),
 ])
 def test_params_validate_names_the_field(field: str, value: object, pattern: str) -> None:

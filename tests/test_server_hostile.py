@@ -260,6 +260,8 @@ def test_content_type_must_be_json(server, headers: dict, status: int) -> None:
     ("entropy_bound", 1e307, "dgchat.entropy_bound"),
     ("t_min", 1e9, "dgchat.t_min"),
     ("t_max", -1, "dgchat.t_max"),
+    ("pad_bias", -101, "dgchat.pad_bias"),
+    ("pad_bias", "-1", "dgchat.pad_bias"),
     ("algorithm", "fastest", "dgchat.algorithm"),
     ("cache", 3, "dgchat.cache"),
     ("canvas", 1, "dgchat.canvas"),
@@ -391,7 +393,7 @@ _FIELDS = ["messages", "max_tokens", "max_completion_tokens", "temperature", "to
            "stream_options", "logit_bias", "dgchat", "prompt", "suffix", "echo", "best_of", "tools", "logprobs",
            "response_format", "template", "variables", "character", "max_attempts", "context"]
 _DGCHAT = ["steps", "gen_length", "block_length", "algorithm", "alg_temp", "threshold", "factor", "cfg_scale",
-           "top_k", "eps", "cache", "canvas", "entropy_bound", "t_min", "t_max"]
+           "top_k", "eps", "cache", "canvas", "entropy_bound", "t_min", "t_max", "pad_bias"]
 _BASES = {
     "/v1/chat/completions": {**CHAT, "dgchat": {"steps": 4}},
     "/v1/completions": {"prompt": "Halt, traveller!", "max_tokens": 4, "seed": 1},

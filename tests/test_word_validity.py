@@ -187,6 +187,9 @@ def test_set_parses_sampler_settings_and_refuses_unknown_names():
     for bad in ("steps", "stepz=3", "seed=4", "autoregressive=1"):
         with pytest.raises(ValueError, match="NAME=VALUE"):
             wv.parse_settings([bad])
+    assert wv.parse_settings(["logit_bias=0:-2,4:-1.5"]) == {"logit_bias": ((0, -2.0), (4, -1.5))}
+    with pytest.raises(ValueError, match="ID:BIAS"):
+        wv.parse_settings(["logit_bias=0"])
 
 
 @pytest.mark.skipif(MODEL is None, reason="this installation has no bundled model")

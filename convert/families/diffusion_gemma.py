@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from gguf.constants import GGMLQuantizationType, GGUFValueType
 
-from dgchat.convert.checkpoint import Checkpoint
+from dgchat.convert.checkpoint import DGCHAT_GENERATION_FILE, Checkpoint
 from dgchat.convert.errors import ConvertError
 from dgchat.convert.tokenizer_gguf import read_hf_tokenizer
 from dgchat.convert.writer import GGUFPlan, TensorPlan, encode, pick_type
@@ -203,8 +203,10 @@ def hparams_from_config(config: dict[str, Any]) -> Hparams:
     )
 
 
-def diffusion_params(gen: dict[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
-    """Sampler defaults from generation_config.json; missing ones from transformers' defaults."""
+def diffusion_params(gen: dict[str, Any] | None, own: dict[str, Any] | None = None
+                     ) -> tuple[dict[str, Any], list[str]]:
+    """Sampler defaults from generation_config.json (`gen`; missing ones from transformers'
+    defaults) and dgchat's own from dgchat_generation.json (`own`: `pad_bias`)."""
     gen = gen or {}
     sampler = gen.get("sampler_config") or {}
     found = {
@@ -217,6 +219,13 @@ def diffusion_params(gen: dict[str, Any] | None) -> tuple[dict[str, Any], list[s
     }
     defaulted = [k for k, v in found.items() if v is None]
     params = {k: (DIFFUSION_DEFAULTS[k] if v is None else v) for k, v in found.items()}
+    # a bias on the pad token's logit while denoising (DiffusionParams.pad_bias); written only where
+    # the checkpoint names one
+    pad_bias = (own or {}).get("pad_bias")
+    if pad_bias is not None:
+        if isinstance(pad_bias, bool) or not isinstance(pad_bias, (int, float)) or not -100 <= pad_bias <= 100:
+            raise ConvertError(f"{DGCHAT_GENERATION_FILE}: pad_bias = {pad_bias!r:.40} is not a number in [-100, 100]")
+        params["pad_bias"] = float(pad_bias)
     return params, defaulted
 
 
@@ -285,6 +294,8 @@ def write_dgchat_kv(
     plan.u32(DG + "stability_threshold", int(diffusion["stability_threshold"]))
     plan.f32(DG + "confidence_threshold", float(diffusion["confidence_threshold"]))
     plan.array(DG + "eos_token_ids", [int(t) for t in eos_ids], GGUFValueType.INT32)
+    if "pad_bias" in diffusion:
+        plan.f32(DG + "pad_bias", float(diffusion["pad_bias"]))
     if defaulted:
         plan.array(DG + "defaulted", defaulted, GGUFValueType.STRING)
 
@@ -465,7 +476,7 @@ def plan_from_hf(ckpt: Checkpoint, outtype: str, name: str, *, cache_capable: bo
     if eos_ids:
         vocab.special["eos"] = eos_ids[0]
     vocab.write(plan)
-    diffusion, defaulted = diffusion_params(gen)
+    diffusion, defaulted = diffusion_params(gen, ckpt.dgchat_generation)
     write_dgchat_kv(plan, hp, source="hf-safetensors", diffusion=diffusion, defaulted=defaulted,
                     eos_ids=eos_ids, enc_scalars=enc_scalars, dec_scalars=dec_scalars, self_cond=self_cond)
     finish_plan(plan, name)

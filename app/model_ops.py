@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dgchat.app.paths import short_path
+from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
 from dgchat.hub import (
     DiskFullError,
     DownloadCancelled,
@@ -547,6 +548,7 @@ class TokenModal(ModalScreen[bool]):
                 yield Button("Cancel", id="cancel")
 
     def on_mount(self) -> None:
+        steady_cursors_when_headless(self)
         self.query_one(Input).focus()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:

@@ -25,6 +25,7 @@ from dgchat.app.widgets.path_suggester import (
     looks_like_path,
     split_typed_path,
 )
+from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
 from dgchat.hub.manager import ModelRow
 from dgchat.hub.util import format_bytes
 from dgchat.model_backend.errors import DgchatError
@@ -185,6 +186,7 @@ class ModelPicker(ModalScreen[Path | None]):
                 yield Button("Cancel", id="picker-cancel")
 
     def on_mount(self) -> None:
+        steady_cursors_when_headless(self)
         if self.current is not None:
             self.models = [PickerEntry("model", self.current.name, "in use", self.current, None, True)]
         self._say("")

@@ -24,6 +24,7 @@ from dgchat.app.session import EngineJob
 from dgchat.app.tool_screen import ToolScreen, open_tool
 from dgchat.app.widgets.npc import BatchView, CardList, VariantView
 from dgchat.app.widgets.status_bar import StatusBar
+from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
 from dgchat.model_backend.errors import DgchatError
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.npc.cards import CharacterCard
@@ -204,6 +205,7 @@ class NpcScreen(ToolScreen):
         yield Footer()
 
     def on_mount(self) -> None:
+        steady_cursors_when_headless(self)
         # ToolScreen.on_mount runs too: Textual calls each class's handler along the MRO
         self.query_one("#npc-vars-grid").display = False
         self.reload_cards()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -50,6 +51,7 @@ class PromptModal(ModalScreen[str | None]):
                 yield Button("Cancel", id="cancel")
 
     def on_mount(self) -> None:
+        steady_cursors_when_headless(self)
         self.query_one("#prompt-error", Label).display = False  # a line only when there is something to say
         self.query_one(Input).focus()
 

@@ -9,6 +9,7 @@ from dgchat.app.store import (
     Store,
     StoreError,
 )
+from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -50,6 +51,7 @@ class SearchModal(ModalScreen[tuple[int, int | None] | None]):
             yield OptionList(id="search-results")
 
     def on_mount(self) -> None:
+        steady_cursors_when_headless(self)
         self.query_one(Input).focus()
         if self.initial:
             self.run_search(self.initial)

@@ -46,6 +46,7 @@ from dgchat.app.model_ops import (
 from dgchat.app.model_source import ModelSource, ServerSource
 from dgchat.app.session import Engine, JobDone, ModelChange, ModelSession
 from dgchat.app.widgets.canvas import LiveCanvas
+from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
 from dgchat.hub import DownloadCancelled, Hardware, HubError, TokenRequiredError
 from dgchat.hub.manager import ModelRow, PullResult
 from dgchat.hub.registry import InstalledModel
@@ -252,6 +253,7 @@ class WizardScreen(Screen[None]):
                 yield Button("Next", id="wiz-next", variant="primary")
 
     def on_mount(self) -> None:
+        steady_cursors_when_headless(self)
         self.live = LiveView(self, self._draw, lambda: self.generation.event if self.generation else None,
                              hz=self.app.config.refresh_hz)
         self.session.watch(self, self._model_changed)

@@ -1,14 +1,16 @@
 """Screenshots of the chat app for the docs: mid-generation and after the answer.
 
-    python tests/bench/app_screenshots.py [--model M.gguf] [--out docs]
+    python tests/bench/app_screenshots.py [--model M.gguf] [--out docs] [--hold-at STEP]
+    python tests/bench/app_screenshots.py --model assets/dgchat-tiny-plays.gguf --hold-at 15   # docs/*.png
 
 Runs the real app headless (Textual's SVG export), holds one generation at a fixed step for the
 live-canvas shot, lets it finish for the answer shot, and converts the SVGs to PNG with
 `rsvg-convert` (Debian: librsvg2-bin) or, failing that, the `cairosvg` Python package.
 
 Without --model it uses a small random-weight test model; its tokens are limited to word-like
-vocabulary entries (a logit bias) so that the pictures show words rather than byte fragments —
-the text is still word salad until the bundled model exists.
+vocabulary entries (a logit bias) so that the pictures show words rather than byte fragments, and
+its sampler settings are fixed here. With --model (the docs use the bundled model) the model's own
+defaults run, with seed 7, unbiased.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def word_bias(engine) -> tuple[tuple[int, float], ...]:
     return tuple((t, -100.0) for t in range(engine.model.n_vocab) if not ok.match(engine.piece(t)))
 
 
-async def shoot(model: Path, out: Path) -> None:
+async def shoot(model: Path, out: Path, random_weights: bool, hold_at: int) -> None:
     from dgchat.app.main import build_app
 
     app = build_app(argparse.Namespace(model=str(model), chat=None))
@@ -65,9 +67,10 @@ async def shoot(model: Path, out: Path) -> None:
         while app.session.engine is None:
             await asyncio.sleep(0.02)
         screen = app.chat_screen
-        bias = word_bias(app.session.engine)
-        plain = screen.effective_params
-        screen.effective_params = lambda engine: dataclasses.replace(plain(engine), logit_bias=bias)  # type: ignore[method-assign]
+        if random_weights:
+            bias = word_bias(app.session.engine)
+            plain = screen.effective_params
+            screen.effective_params = lambda engine: dataclasses.replace(plain(engine), logit_bias=bias)  # type: ignore[method-assign]
 
         # a first exchange, answered in full
         screen.query_one("#prompt").insert(PROMPTS[0])
@@ -76,12 +79,12 @@ async def shoot(model: Path, out: Path) -> None:
             await asyncio.sleep(0.02)
         # the second answer, held mid-way for the live-canvas shot
         real = app.session.engine
-        app.session.engine = gated = GatedEngine(real, hold_at=9, elapsed_per_step=0.04)
+        app.session.engine = gated = GatedEngine(real, hold_at=hold_at, elapsed_per_step=0.04)
         screen.query_one("#prompt").insert(PROMPTS[1])
         await pilot.press("enter")
         while not gated.holding.is_set():
             await asyncio.sleep(0.02)
-        await pilot.pause(0.3)
+        await pilot.pause(1.0)  # the live canvas redraws at its refresh rate: let it show the held step
         to_png(app.export_screenshot(title="dgchat"), out / "app-mid-generation.png")
         gated.release.set()
         while screen.generation is not None:
@@ -94,15 +97,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="GGUF to use (default: a small random-weight test model)")
     parser.add_argument("--out", default=str(HERE.parent.parent / "docs"), help="folder for the PNGs")
+    parser.add_argument("--hold-at", type=int, default=9, help="the denoising step the live-canvas shot shows")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="dgchat-shots-") as tmp:
         home = Path(tmp) / "home"
         (home / "config").mkdir(parents=True)
-        (home / "config" / "config.toml").write_text(
-            'theme = "dark"\n[sampler]\nsteps = 24\ngen_length = 96\nblock_length = 32\nmax_tokens = 96\n'
-            'temperature = 0.9\nseed = 7\n')
+        sampler = ('steps = 24\ngen_length = 96\nblock_length = 32\nmax_tokens = 96\ntemperature = 0.9\nseed = 7\n'
+                   if args.model is None else 'seed = 7\n')
+        (home / "config" / "config.toml").write_text('theme = "dark"\n[sampler]\n' + sampler)
         os.environ["DGCHAT_HOME"] = str(home)
         os.environ.pop("NO_COLOR", None)
         model = Path(args.model) if args.model else None
@@ -111,7 +115,7 @@ def main() -> int:
 
             model = write_tiny_gguf(Path(tmp) / "tiny-llada.gguf",
                                     TinySpec(arch="llada", n_embd=128, n_layer=2, n_head=4, n_head_kv=2, n_ff=256, seed=3))
-        asyncio.run(shoot(model, out))
+        asyncio.run(shoot(model, out, random_weights=args.model is None, hold_at=args.hold_at))
     print(f"wrote {out / 'app-mid-generation.png'} and {out / 'app-answer.png'}")
     return 0
 

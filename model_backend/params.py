@@ -33,6 +33,7 @@ MIN_TEMPERATURE = 1e-6
 MAX_BUDGET = 1e12  # entropy bound, confidence threshold (finite, else unbounded in meaning only)
 MAX_SEED = (1 << 64) - 1
 MAX_LOGIT_BIAS = 65536  # entries (banned words expand to every token form of the word)
+MAX_BIAS = 100.0  # size of one logit bias (logit_bias values, pad_bias), as OpenAI's; -100 bans a token
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ class DiffusionParams:
             # the entropy bound and confidence threshold are budgets summed over the canvas: 1e6 is a
             # legitimate "no bound"; no loop or allocation grows with either
             limit = (MAX_BUDGET if name in ("entropy_bound", "confidence_threshold") else
-                     100.0 if name == "pad_bias" else MAX_SCALE)  # pad_bias: logit_bias's range
+                     MAX_BIAS if name == "pad_bias" else MAX_SCALE)
             if value is not None and abs(value) > limit:
                 bad(f"--{name.replace('_', '-')} must be at most {limit:g} in size (got {value!r})")
         for name in ("cfg_scale", "alg_temp"):
@@ -185,8 +186,9 @@ class DiffusionParams:
         for entry in self.logit_bias:
             if not isinstance(entry, (tuple, list)) or len(entry) != 2 or not _is_int(entry[0]) or entry[0] < 0:
                 bad(f"logit_bias keys must be token ids >= 0 (got {entry!r})")
-            if not _is_number(entry[1]) or not -100.0 <= float(entry[1]) <= 100.0:
-                bad(f"logit_bias values must be numbers in [-100, 100] (got {entry[1]!r} for token {entry[0]})")
+            if not _is_number(entry[1]) or not -MAX_BIAS <= float(entry[1]) <= MAX_BIAS:
+                bad(f"logit_bias values must be numbers in [-{MAX_BIAS:g}, {MAX_BIAS:g}] "
+                    f"(got {entry[1]!r} for token {entry[0]})")
         if self.entropy_bound is not None and self.entropy_bound <= 0:
             bad(f"--entropy-bound must be > 0 (got {self.entropy_bound})")
         if self.t_min is not None and self.t_max is not None and not 0 <= self.t_min < self.t_max:

@@ -28,7 +28,7 @@ import numpy as np
 from dgchat.model_backend.errors import ContextOverflowError, DgchatError, GenerationCancelled
 from dgchat.model_backend.events import FinalEvent, StepEvent
 from dgchat.model_backend.masked_diffusion import CanvasTemplate
-from dgchat.model_backend.params import ALGORITHMS, CACHE_MODES, DiffusionParams
+from dgchat.model_backend.params import ALGORITHMS, CACHE_MODES, MAX_BIAS, DiffusionParams
 from dgchat.server.errors import ApiError
 
 MAX_N = 8
@@ -69,7 +69,7 @@ _DGCHAT_KEYS: dict[str, tuple[type, Any, Any, bool, bool]] = {
     "entropy_bound": (float, 0.0, 1000.0, True, False),
     "t_min": (float, 0.0, 10.0, False, False),
     "t_max": (float, 0.0, 10.0, False, False),
-    "pad_bias": (float, -100.0, 100.0, False, False),
+    "pad_bias": (float, -MAX_BIAS, MAX_BIAS, False, False),
     "canvas": (bool, None, None, False, False),
     "final": (bool, None, None, False, False),
 }
@@ -159,8 +159,9 @@ def parse_logit_bias(body: dict, n_vocab: int) -> tuple[tuple[int, float], ...]:
         token = int(key)
         if not 0 <= token < n_vocab:
             raise bad(f"`logit_bias` token {token} is outside the vocabulary (0..{n_vocab - 1})", "logit_bias")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
-            raise bad(f"`logit_bias` values must be numbers in [-100, 100] (got {str(value)[:40]})", "logit_bias")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -MAX_BIAS <= value <= MAX_BIAS:
+            raise bad(f"`logit_bias` values must be numbers in [-{MAX_BIAS:g}, {MAX_BIAS:g}] (got {str(value)[:40]})",
+                      "logit_bias")
         out.append((token, float(value)))
     return tuple(out)
 

@@ -29,6 +29,7 @@ from dgchat.convert.errors import ConvertError
 from dgchat.convert.tokenizer_gguf import read_hf_tokenizer
 from dgchat.convert.writer import GGUFPlan, TensorPlan, encode, pick_type
 from dgchat.convert.writer import finish_plan as writer_finish_plan
+from dgchat.model_backend.params import MAX_BIAS
 
 NAME = "diffusion-gemma"
 HF_ARCHITECTURES = ("DiffusionGemmaForBlockDiffusion",)
@@ -223,8 +224,9 @@ def diffusion_params(gen: dict[str, Any] | None, own: dict[str, Any] | None = No
     # the checkpoint names one
     pad_bias = (own or {}).get("pad_bias")
     if pad_bias is not None:
-        if isinstance(pad_bias, bool) or not isinstance(pad_bias, (int, float)) or not -100 <= pad_bias <= 100:
-            raise ConvertError(f"{DGCHAT_GENERATION_FILE}: pad_bias = {pad_bias!r:.40} is not a number in [-100, 100]")
+        if isinstance(pad_bias, bool) or not isinstance(pad_bias, (int, float)) or not -MAX_BIAS <= pad_bias <= MAX_BIAS:
+            raise ConvertError(f"{DGCHAT_GENERATION_FILE}: pad_bias = {pad_bias!r:.40} is not a number in "
+                               f"[-{MAX_BIAS:g}, {MAX_BIAS:g}]")
         params["pad_bias"] = float(pad_bias)
     return params, defaulted
 

@@ -1,7 +1,7 @@
 """Export the trained default model into `assets/` and measure what the model card reports (issue 4).
 
-    python -m dgchat.convert.bundle_default --model convert/runs/main/hf --data-dir convert/runs/data \\
-        --out assets/dgchat-tiny-plays.gguf --report convert/runs/main/bundle_report.json
+    python -m dgchat.convert.bundle_default --model convert/runs/v4/dgchat-tiny-plays --data-dir convert/runs/data \\
+        --out assets/dgchat-tiny-plays.gguf --report convert/runs/v4/bundle_report.json
 
 1. `dgchat convert` (the path a user's 26B checkpoint takes) writes the exported folder as GGUF
    in f32, f16 and q8_0.

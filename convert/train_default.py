@@ -14,7 +14,8 @@ a pad bias; v2 continues from v1 with a grown vocabulary (convert/warm_start.py)
     python -m dgchat.convert.train_default train   --data-dir convert/runs/data --run-dir convert/runs/v4 \
         --recipe v4 --init-from v2-step1000-f32.gguf  # rollout canvases; the shipped weights: step 100
     python -m dgchat.convert.train_default export  --run-dir convert/runs/v4 --data-dir convert/runs/data \
-        --checkpoint convert/runs/v4/checkpoints/step-0000100 --pad-bias -1 --out convert/runs/v4/hf
+        --checkpoint convert/runs/v4/checkpoints/step-0000100 --pad-bias -1 \
+        --out convert/runs/v4/dgchat-tiny-plays   # the folder's name is the GGUF's general.name
     # v3 and v5 (experiments, not shipped; model card): the same as v4 with --recipe v3|v5
 
 v1 from scratch (what v1.gguf came from, 8,192 entries):

@@ -281,6 +281,27 @@ def _is_rpc_device(dev: int) -> bool:
     return name.startswith(b"RPC")
 
 
+def cpu_uses_amx() -> bool:
+    """Whether this engine's CPU backend would place weights in ggml's AMX buffer (built for, and
+    running on, a CPU with AMX-INT8: Intel Sapphire Rapids and later)."""
+    info = (_llama.llama_print_system_info() or b"").decode(errors="replace")
+    return re.search(r"\bAMX_INT8 = 1\b", info) is not None
+
+
+def use_extra_buffer_types() -> bool:
+    """Whether a model load may use the CPU backend's extra weight buffers (repacked layouts).
+
+    Not on an AMX CPU: every q8_0 model (the bundled one, its masked sibling) segfaults in
+    ggml_backend_amx_mul_mat on the first decode there with llama.cpp 0.3.36's ggml, stock or
+    patched (reproduced on a 2-core Sapphire Rapids VM; upstream ggml-org/llama.cpp#20824,
+    unfixed, and dspy's CI dropped AMX for the same crash). The plain CPU kernels run instead.
+    DGCHAT_CPU_EXTRA_BUFFERS=1 turns them back on for an engine whose AMX path works."""
+    forced = os.environ.get("DGCHAT_CPU_EXTRA_BUFFERS")
+    if forced is not None:
+        return forced.strip() not in ("", "0")
+    return not cpu_uses_amx()
+
+
 def local_gpu_present() -> bool:
     """A GPU on this machine llama.cpp can offload to. An RPC build's `llama_supports_gpu_offload()`
     says yes on any machine (it counts the RPC backend), so devices are counted here instead."""
@@ -555,6 +576,7 @@ class LlamaModel:
         if n_gpu_layers is None:
             n_gpu_layers = 999 if (gpu or remote) else 0
         params.n_gpu_layers = n_gpu_layers
+        params.use_extra_bufts = use_extra_buffer_types()
         if remote and n_gpu_layers > 0 and not _rpc_in_use():
             rpc.check_before_load()  # llama.cpp aborts the process on a server that went away
         self._progress_cb = None

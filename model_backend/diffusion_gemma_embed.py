@@ -74,6 +74,9 @@ def _rms(x: np.ndarray, eps: float) -> np.ndarray:
     return x * (np.float32(1.0) / np.sqrt(mean + np.float32(eps)))
 
 
+_F32_TINY = np.float32(np.finfo(np.float32).tiny)  # the smallest normal float32
+
+
 def _softmax(logits: np.ndarray) -> np.ndarray:
     z = logits - logits.max(axis=-1, keepdims=True)
     np.exp(z, out=z)
@@ -119,6 +122,9 @@ class SelfConditioning:
         logits = np.asarray(sc_logits, dtype=np.float32)
         if top_k is None or top_k >= logits.shape[-1]:
             probs = _softmax(logits.copy())
+            # subnormal probabilities (many tokens at a low temperature) cost the product a microcode
+            # assist each on x86; as zeros the sum moves by < n_vocab * tiny (engine/patches/0010)
+            probs[probs < _F32_TINY] = 0.0
             return (probs @ embedding.astype(np.float32, copy=False)) * self.embed_scale
         idx = np.argpartition(logits, -top_k, axis=-1)[:, -top_k:]
         full = _softmax(logits.copy())

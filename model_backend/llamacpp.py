@@ -194,6 +194,12 @@ class EngineInfo:
         (engine/patches/0006, `DiffusionHead`)."""
         return self.patch_level >= 3 and _HEAD is not None
 
+    @property
+    def amx_safe(self) -> bool:
+        """ggml's AMX weight buffer keeps its tile configuration whatever compiler built the engine
+        (engine/patches/0009)."""
+        return self.patch_level >= 4
+
 
 def engine_info() -> EngineInfo:
     lib = _llama.llama_cpp._lib
@@ -289,17 +295,17 @@ def cpu_uses_amx() -> bool:
 
 
 def use_extra_buffer_types() -> bool:
-    """Whether a model load may use the CPU backend's extra weight buffers (repacked layouts).
+    """Whether a model load may use the CPU backend's extra weight buffers (AMX, repacked layouts).
 
-    Not on an AMX CPU: every q8_0 model (the bundled one, its masked sibling) segfaults in
-    ggml_backend_amx_mul_mat on the first decode there with llama.cpp 0.3.36's ggml, stock or
-    patched (reproduced on a 2-core Sapphire Rapids VM; upstream ggml-org/llama.cpp#20824,
-    unfixed, and dspy's CI dropped AMX for the same crash). The plain CPU kernels run instead.
-    DGCHAT_CPU_EXTRA_BUFFERS=1 turns them back on for an engine whose AMX path works."""
+    Not on an AMX CPU unless the engine carries dgchat's patch 0009 (patch level 4): built by GCC
+    12, ggml's AMX matrix product drops its tile configuration and every q8_0 model (the bundled
+    one, its masked sibling) segfaulted on the first decode (a 2-core Sapphire Rapids VM; upstream
+    ggml-org/llama.cpp#20824). A stock llama-cpp-python may have been built by such a compiler, so
+    on an AMX CPU it runs the plain CPU kernels. DGCHAT_CPU_EXTRA_BUFFERS=1 or 0 overrides."""
     forced = os.environ.get("DGCHAT_CPU_EXTRA_BUFFERS")
     if forced is not None:
         return forced.strip() not in ("", "0")
-    return not cpu_uses_amx()
+    return engine_info().amx_safe or not cpu_uses_amx()
 
 
 def local_gpu_present() -> bool:

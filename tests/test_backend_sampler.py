@@ -180,15 +180,17 @@ def dg_tiny(tmp_path_factory: pytest.TempPathFactory) -> DiffusionEngine:
     engine.close()
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_dg_every_backend_step_is_the_numpy_step(bundled, dg_tiny, seed) -> None:
+# the last case runs cold (T 0.3 -> 0.1): many probabilities are float32 subnormals, which both paths
+# flush before the soft embedding (engine/patches/0010)
+@pytest.mark.parametrize("seed, temps", [(0, {}), (1, {}), (2, {"t_min": 0.1, "t_max": 0.3})])
+def test_dg_every_backend_step_is_the_numpy_step(bundled, dg_tiny, seed, temps) -> None:
     for engine in (bundled, dg_tiny):
         oracle = DgStepOracle(engine, check_inputs=3)
         engine.step_check = oracle
         try:
             prompt = engine.chat_prompt([{"role": "user", "content": PROMPT}])
             params = DiffusionParams(seed=seed, max_tokens=96, sampler_on="backend", logit_bias=((9, 1.5),),
-                                     pad_bias=-1.5)
+                                     pad_bias=-1.5, **temps)
             final = _final(engine, prompt, params)
         finally:
             engine.step_check = None

@@ -35,7 +35,13 @@ def test_matches_transformers(base: Path, reference, dtype: str) -> None:
     canvas = rng.integers(0, 384, 8)
     logits = rng.normal(0, 3, (8, 384)).astype(np.float32)
     tol = 1e-5 if dtype == "float32" else 5e-2  # bf16 file vs the f32 reference weights
-    for sc_logits in (None, logits):
+    # sharp logits (a low temperature): many probabilities are float32 subnormals, which the soft
+    # embedding flushes to zero (engine/patches/0010) without moving the result
+    sharp = logits * np.float32(30)
+    z = np.exp((sharp - sharp.max(axis=1, keepdims=True)).astype(np.float64))
+    p = (z / z.sum(axis=1, keepdims=True)).astype(np.float32)
+    assert ((p > 0) & (p < np.finfo(np.float32).tiny)).sum() >= 10
+    for sc_logits in (None, logits, sharp):
         ours = sc.decoder_inputs(emb, canvas, sc_logits)
         ref = reference.decoder_input_embeddings(canvas.tolist(), sc_logits)
         assert ours.dtype == np.float32 and ours.shape == (8, 64)

@@ -152,15 +152,18 @@ def test_the_vocabulary_after_close_is_an_error_not_a_crash(llada_gguf: Path) ->
 
 
 def test_no_extra_weight_buffers_on_an_amx_cpu(monkeypatch) -> None:
-    """ggml's AMX weight buffer segfaults on the first decode of a q8_0 model (llama.cpp 0.3.36;
-    ggml-org/llama.cpp#20824): loads skip the extra buffers where the engine reports AMX_INT8."""
+    """Built by GCC 12, ggml's AMX weight buffer segfaults on the first decode of a q8_0 model
+    (ggml-org/llama.cpp#20824): on an AMX CPU only an engine with patch 0009 (level 4) uses it."""
     from dgchat.model_backend import llamacpp
 
     monkeypatch.delenv("DGCHAT_CPU_EXTRA_BUFFERS", raising=False)
     amx = b"CPU : AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 | "
     plain = b"CPU : AVX2 = 1 | AVX512 = 1 | REPACK = 1 | "
     monkeypatch.setattr(llamacpp._llama, "llama_print_system_info", lambda: amx)
-    assert llamacpp.cpu_uses_amx() and not llamacpp.use_extra_buffer_types()
+    for level, extra in ((0, False), (3, False), (4, True)):
+        monkeypatch.setattr(llamacpp, "engine_info", lambda level=level: llamacpp.EngineInfo("?", False, level))
+        assert llamacpp.cpu_uses_amx() and llamacpp.use_extra_buffer_types() is extra, level
+    monkeypatch.setattr(llamacpp, "engine_info", lambda: llamacpp.EngineInfo("?", False, 0))
     monkeypatch.setenv("DGCHAT_CPU_EXTRA_BUFFERS", "1")
     assert llamacpp.use_extra_buffer_types()
     monkeypatch.delenv("DGCHAT_CPU_EXTRA_BUFFERS")
@@ -171,8 +174,9 @@ def test_no_extra_weight_buffers_on_an_amx_cpu(monkeypatch) -> None:
 
 
 def test_a_q8_0_model_decodes_on_this_cpu() -> None:
-    """The bundled q8_0 model answers in a child process (on an AMX CPU with the extra buffers on,
-    this child died with SIGSEGV; a crash here fails the test instead of the whole run)."""
+    """The bundled q8_0 model answers in a child process, with the extra CPU buffers this engine
+    allows (on an AMX CPU, before patch 0009, this child died with SIGSEGV; a crash here fails the
+    test instead of the whole run)."""
     asset = Path(__file__).resolve().parents[1] / "assets" / "dgchat-tiny-plays.gguf"
     run = subprocess.run([sys.executable, "-m", "dgchat", "generate", "-m", str(asset), "-p", "Who goes there?",
                           "--seed", "1", "--max-tokens", "8"], capture_output=True, text=True, timeout=300)

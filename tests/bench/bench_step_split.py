@@ -33,6 +33,8 @@ CONFIGS = {
 UNIFORM_CONFIGS = {
     "entropy-bound (model defaults)": dict(),
     "entropy-bound 2.0": dict(entropy_bound=2.0),
+    # a low temperature puts many probabilities in float32's subnormal range (engine/patches/0010)
+    "entropy-bound T 0.1-0.3": dict(t_min=0.1, t_max=0.3),
 }
 
 

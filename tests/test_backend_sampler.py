@@ -104,6 +104,90 @@ def test_head_statistics_equal_the_host_on_the_same_logits(which, spec, wide_ggu
         model.close()
 
 
+# engine/patches/0011: on a CPU the head runs as one kernel where no top-k/top-p filter applies; with
+# DGCHAT_FUSED_HEAD=0 (read when a head is set up) as the graph of separate nodes it replaces
+ONE_PASS_SPECS = [
+    dict(temperature=0.0, margin=True),
+    dict(temperature=0.8),
+    dict(temperature=1.3, margin=True, bias=((3, 2.5), (7, -100.0), (11, -1.5))),
+    dict(temperature=0.2, bias=((0, -1.0),)),  # cold: many subnormal probabilities, a pad bias
+]
+
+
+def _head_stats_both_ways(monkeypatch, path: Path, spec: dict, n_rows: int = 48):
+    cfg = dict(spec)
+    bias = cfg.pop("bias", ())
+    ids, values = np.array([b[0] for b in bias], np.int64), np.array([b[1] for b in bias], np.float32)
+    out = {}
+    for fused in ("1", "0"):
+        monkeypatch.setenv("DGCHAT_FUSED_HEAD", fused)
+        model = L.LlamaModel(path, n_gpu_layers=GPU_LAYERS)
+        ctx = L.LlamaContext(model, n_ctx=256, max_tokens=128, n_seq_max=2, n_threads=2)
+        try:
+            ctx.configure_head(L.HeadSetup())
+            ctx.set_causal(False)
+            rng = np.random.default_rng(7)
+            tokens = rng.integers(0, min(model.n_vocab, 400), n_rows).astype(np.int32)
+            specs = [sampling.SampleSpec(cfg["temperature"], 0, 1.0, sampling.draw_uniform(n_rows // 2, cfg["temperature"], rng),
+                                         cfg.get("margin", False), bias_ids=b_ids, bias_values=b_vals)
+                     for b_ids, b_vals in ((ids, values), (ids[:0], values[:0]))]
+            from dgchat.model_backend.logits_source import head_request
+
+            head = head_request(ctx, specs, np.repeat([0, 1], n_rows // 2), keep_logits=True)
+            seqs = np.repeat([0, 1], n_rows // 2).astype(np.int32)
+            stats, logits = ctx.decode_tokens(tokens, np.tile(np.arange(n_rows // 2), 2), seq_ids=seqs,
+                                              outputs=np.arange(n_rows), head=head)
+            out[fused] = (stats, np.array(logits), specs)
+        finally:
+            ctx.close()
+            model.close()
+    return out["1"], out["0"]
+
+
+@pytest.mark.skipif(GPU_LAYERS > 0, reason="the one-pass kernel is the CPU's")
+@pytest.mark.parametrize("which", ["bundled", "wide"])
+@pytest.mark.parametrize("spec", range(len(ONE_PASS_SPECS)))
+def test_one_pass_head_gives_the_graphs_numbers(monkeypatch, which, spec, wide_gguf) -> None:
+    """The same probabilities and draws as the graph of nodes (bit for bit: the same float arithmetic),
+    the entropy to double rounding, and both the host's statistics."""
+    path = BUNDLED if which == "bundled" else wide_gguf
+    (one, logits, specs), (nodes, logits_n, _) = _head_stats_both_ways(monkeypatch, path, ONE_PASS_SPECS[spec])
+    np.testing.assert_array_equal(logits, logits_n)
+    np.testing.assert_array_equal(one.drawn, nodes.drawn)
+    np.testing.assert_array_equal(one.argmax, nodes.argmax)
+    np.testing.assert_array_equal(one.p_drawn, nodes.p_drawn)
+    np.testing.assert_array_equal(one.p_argmax, nodes.p_argmax)
+    # the graph takes p(second) as p(top 2) - p(argmax), a float difference of numbers up to 1
+    np.testing.assert_allclose(one.p_second, nodes.p_second, rtol=1e-6, atol=2 * np.finfo(np.float32).eps)
+    np.testing.assert_allclose(one.entropy, nodes.entropy, rtol=1e-5, atol=1e-6)
+    # two different computations ran: the kernel sums the entropy in double, the graph in float
+    assert np.any(one.entropy != nodes.entropy)
+    report = OracleReport()
+    half = logits.shape[0] // 2
+    for k, part in enumerate(one.split([half, half])):
+        compare_stats(part, specs[k], logits[half * k : half * (k + 1)], report)
+    assert report.rows == logits.shape[0] and report.ties <= 2
+
+
+@pytest.mark.skipif(GPU_LAYERS > 0, reason="the one-pass kernel is the CPU's")
+def test_one_pass_head_gives_the_same_generations(monkeypatch) -> None:
+    """Self-conditioned DiffusionGemma generations are the same tokens, step for step, whichever form
+    of the head ran: its probabilities, and so the self-conditioning signal, are the same floats."""
+    runs = {}
+    for fused in ("1", "0"):
+        monkeypatch.setenv("DGCHAT_FUSED_HEAD", fused)
+        engine = DiffusionEngine.load(BUNDLED, n_threads=2)
+        try:
+            prompt = engine.chat_prompt([{"role": "user", "content": PROMPT}])
+            runs[fused] = [_final(engine, prompt, DiffusionParams(seed=seed, max_tokens=64, **temps))
+                           for seed, temps in ((0, {}), (1, {}), (2, {"t_min": 0.1, "t_max": 0.3}))]
+        finally:
+            engine.close()
+    for a, b in zip(runs["1"], runs["0"]):
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+        assert a.stats.steps == b.stats.steps and a.stats.sampler_on == "backend"
+
+
 ALGORITHMS = [
     dict(algorithm="confidence", temperature=0.0),
     dict(algorithm="confidence", temperature=0.8, top_k=40, top_p=0.95),

@@ -118,11 +118,21 @@ V4_ROLLOUT_FRESH = replace(V3_ROLLOUT, rollout_loss_fresh_only=True)
 # that chain), until the answer is a few tokens long. Measured: longer in tokens, not in words
 # (runs of commas, the next turn's header), and canvases that never settle: not shipped.
 V5_ROLLOUT_TEXT_TAIL = replace(V3_ROLLOUT, turn_tail="text")
+# v6 (issue 13, ninth session): v4's weights, the decoder trained on a teacher's answers instead of
+# the plays' lines (sequence-level distillation, convert/distill.py; `train --teacher FILE`), the
+# encoder's AR loss still on the plays. The v4 decoder resolves ~1.3 canvas positions a step because
+# the plays' next line, given its scene, could be almost anything; the teacher's answers (the model's
+# own left-to-right decoder, its first word sampled, the rest greedy) are a function of the context
+# and their first word, so the student can accept most of a canvas at once.
+V6_DISTILLED = replace(V4_ROLLOUT_FRESH, steps=300, lr=3e-4, t_power=0.5, eval_every=50, ckpt_every=25,
+                       sample_every=100)
 RECIPES = {"v1": TrainSettings(), "v2": V2_CONTINUATION, "v3": V3_ROLLOUT, "v4": V4_ROLLOUT_FRESH,
-           "v5": V5_ROLLOUT_TEXT_TAIL}
-# Recipes that fine-tune v2's step-1,000 weights: they need --init-from and have no AR-only
-# baseline of their own (v2's is theirs).
-V2_FINE_TUNES = frozenset({"v3", "v4", "v5"})
+           "v5": V5_ROLLOUT_TEXT_TAIL, "v6": V6_DISTILLED}
+# Recipes that fine-tune v2's step-1,000 weights (v6: v4's, the shipped file): they need --init-from and
+# have no AR-only baseline of their own (v2's is theirs).
+V2_FINE_TUNES = frozenset({"v3", "v4", "v5", "v6"})
+# Recipes whose decoder targets are a teacher's answers (`train --teacher`)
+DISTILLED = frozenset({"v6"})
 
 
 # The AR-only baseline (`train --objective ar`, same model, same start) gets the diffusion run's

@@ -17,6 +17,12 @@ a pad bias; v2 continues from v1 with a grown vocabulary (convert/warm_start.py)
         --checkpoint convert/runs/v4/checkpoints/step-0000100 --pad-bias -1 \
         --out convert/runs/v4/dgchat-tiny-plays   # the folder's name is the GGUF's general.name
     # v3 and v5 (experiments, not shipped; model card): the same as v4 with --recipe v3|v5
+    # v6 (an experiment, not shipped; model card): the decoder distilled from the model's own --ar answers
+    python -m dgchat.convert.distill --model assets/dgchat-tiny-plays.gguf --data-dir convert/runs/data \
+        --out convert/runs/data/teacher.npz                       # and --split val --out .../teacher-val.npz
+    python -m dgchat.convert.train_default train   --data-dir convert/runs/data --run-dir convert/runs/v6 \
+        --recipe v6 --init-from assets/dgchat-tiny-plays.gguf --teacher convert/runs/data/teacher.npz \
+        --val-teacher convert/runs/data/teacher-val.npz
 
 v1 from scratch (what v1.gguf came from, 8,192 entries):
 
@@ -54,6 +60,8 @@ Objective (`--objective diffusion`, the default), per training window of a scene
    denoising step of `generate`.
    With `rollout_prob` (the v3 experiment), a share of a self-conditioning step's canvases reach
    the second pass as one sampler step from the first pass leaves them (`rollout_canvases`).
+   With a teacher (recipe v6, `--teacher`), each turn's canvas holds the teacher's answer to the
+   window up to that turn (`teacher_canvases`, convert/distill.py) instead of the plays' line.
 6. Loss = cross-entropy of the decoder's logits against the clean canvas (all positions)
    + `ar_loss_weight` * AR loss + `router_aux_weight` * Switch-style expert load balancing.
 
@@ -296,9 +304,26 @@ def canvases_for(ids: np.ndarray, spans: np.ndarray, canvas_length: int,
     return out
 
 
+def teacher_canvases(window: int, spans: np.ndarray, teacher, canvas_length: int) -> list[tuple[int, np.ndarray]]:
+    """(start position, clean canvas) of every turn of a window that its teacher answered within one
+    canvas (recipe v6, convert/distill.py): the teacher's answer + <end_of_turn>, padded with <pad>,
+    at the position where the plays' own answer starts. The cache before it is the plays' text."""
+    out = []
+    for k, (start, _end) in enumerate(spans):
+        answer = teacher.get(window, k)
+        if answer is None or answer.size + 1 > canvas_length:
+            continue
+        canvas = np.full(canvas_length, dtok.PAD, dtype=np.int64)
+        canvas[:answer.size] = answer
+        canvas[answer.size] = dtok.END_OF_TURN
+        out.append((int(start), canvas))
+    return out
+
+
 def make_batch(data: Windows, indices, canvas_length: int, max_canvases: int, rng: np.random.Generator,
-               tail: str = "pad"):
-    """Right-padded token windows plus the canvases drawn from them (`canvases_for`), as numpy arrays."""
+               tail: str = "pad", teacher=None):
+    """Right-padded token windows plus the canvases drawn from them (`canvases_for`, or with a
+    `teacher` the teacher's answers, `teacher_canvases`), as numpy arrays."""
     seqs = [data.ids(i) for i in indices]
     T = max(len(s) for s in seqs)
     B = len(seqs)
@@ -308,7 +333,10 @@ def make_batch(data: Windows, indices, canvas_length: int, max_canvases: int, rn
     for b, (i, s) in enumerate(zip(indices, seqs)):
         ids[b, :len(s)] = s
         lengths[b] = len(s)
-        cv = canvases_for(s, data.spans(i), canvas_length, tail)
+        if teacher is None:
+            cv = canvases_for(s, data.spans(i), canvas_length, tail)
+        else:
+            cv = teacher_canvases(int(i), data.spans(i), teacher, canvas_length)
         if len(cv) > max_canvases:
             keep = np.sort(rng.choice(len(cv), size=max_canvases, replace=False))
             cv = [cv[k] for k in keep]
@@ -692,8 +720,10 @@ class JsonlLog:
 
 
 def evaluate(model, val: Windows, s: dmc.TrainSettings, objective: str, device, canvas_length: int,
-             max_canvases: int) -> dict[str, float]:
-    """Validation losses on a fixed set of held-out windows with fixed noise (comparable across steps)."""
+             max_canvases: int, val_teacher=None) -> dict[str, float]:
+    """Validation losses on a fixed set of held-out windows with fixed noise (comparable across steps).
+    With `val_teacher` (the teacher's answers to the held-out windows, recipe v6) also the decoder's
+    loss on those answers: `kd_diff` (noise as in training) and `kd_t1` (from a fully random canvas)."""
     import torch
 
     model.eval()
@@ -732,6 +762,14 @@ def evaluate(model, val: Windows, s: dmc.TrainSettings, objective: str, device, 
                                              report_fresh=True)
             add("diff_roll", roll, info["canvas_tokens"])
             add("diff_roll_fresh", info["diff_fresh"], info["fresh_tokens"])
+            if val_teacher is not None:
+                kd_batch = make_batch(val, idx, canvas_length, max_canvases, rng, teacher=val_teacher)
+                if kd_batch["valid"].any():
+                    for key, t_fixed, salt in (("kd_diff", None, 5), ("kd_t1", 1.0, 6)):
+                        gen, _ = step_rngs(999, k, salt=salt)
+                        kd, _, info = diffusion_losses(model, kd_batch, s, canvas_length, gen, device, self_cond=False,
+                                                       t_fixed=t_fixed)
+                        add(key, kd, info["canvas_tokens"])
     model.train()
     return {k: sums[k] / weights[k] for k in sums}
 
@@ -810,6 +848,20 @@ def adapt_threads() -> None:
         torch.set_num_threads(2)
 
 
+def resolve_precision(device, precision: str) -> str:
+    """"auto": bf16 on a GPU or a CPU with native bf16 matrix products (AVX512-BF16, AMX), fp32
+    otherwise. Without them torch emulates bf16 products: measured on a 2-core AMD EPYC (AVX2
+    only), a (2048 x 256) @ (256 x 16384) product took 40.6 s in bf16 against 0.57 s in fp32, and a
+    v6 training step would have taken minutes instead of 10 s."""
+    if precision != "auto":
+        return precision
+    import torch
+
+    if torch.device(device).type != "cpu":
+        return "bf16"
+    return "bf16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "fp32"
+
+
 def autocast(device, precision: str):
     """bf16 autocast: about 3x the fp32 matmul throughput on a CPU with AVX512-BF16/AMX, and the
     usual choice on GPUs. Parameters, optimizer state, norms and losses stay fp32."""
@@ -817,16 +869,19 @@ def autocast(device, precision: str):
 
     import torch
 
-    if precision == "fp32":
+    if resolve_precision(device, precision) == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
 
 
 def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: str = "cpu",
           threads: int | None = 2, max_minutes: float | None = None, overrides: dict[str, Any] | None = None,
-          max_canvases: int | None = None, precision: str = "bf16",
-          arch: dmc.TextArch | None = None, recipe: str = "v2", init_from: Path | None = None) -> dict[str, Any]:
+          max_canvases: int | None = None, precision: str = "auto",
+          arch: dmc.TextArch | None = None, recipe: str = "v2", init_from: Path | None = None,
+          teacher: Path | None = None, val_teacher: Path | None = None) -> dict[str, Any]:
     import torch
+
+    from dgchat.convert.distill import TeacherAnswers
 
     auto_threads = threads == 0
     if auto_threads:
@@ -855,11 +910,21 @@ def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: s
     for key, default in (("rollout_prob", 0.0), ("rollout_loss_fresh_only", False), ("turn_tail", "pad")):
         if train_settings[key] == default:
             train_settings.pop(key)
+    precision = resolve_precision(device, precision)
     settings = {"objective": objective, "precision": precision, "train": train_settings, "max_canvases": max_canvases,
                 "canvas_length": canvas_length, "arch": asdict(arch),
                 "data_meta_sha256": _file_sha256(data_dir / "meta.json")}
     if init_from is not None:
         settings["init_from"] = {"file": Path(init_from).name, "sha256": _file_sha256(Path(init_from))}
+    answers = val_answers = None
+    n_windows = len(train_data)
+    if teacher is not None:  # recipe v6: the decoder learns the teacher's answers (convert/distill.py)
+        answers = TeacherAnswers(Path(teacher), data_dir)
+        n_windows = min(n_windows, int(answers.meta["n_windows"]))
+        settings["teacher"] = {"file": Path(teacher).name, "sha256": _file_sha256(Path(teacher)), **answers.meta}
+    if val_teacher is not None:
+        val_answers = TeacherAnswers(Path(val_teacher), data_dir)
+        settings["val_teacher"] = {"file": Path(val_teacher).name, "sha256": _file_sha256(Path(val_teacher))}
     pin_run_settings(run_dir, settings)
 
     model = build_model(s.seed, arch).to(dev)
@@ -878,7 +943,7 @@ def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: s
 
             log.write({"kind": "warm_start", **load_from_gguf(model, Path(init_from), data_dir / "tokenizer.json")})
             with autocast(dev, precision):
-                ev = evaluate(model, val_data, s, objective, dev, canvas_length, max_canvases)
+                ev = evaluate(model, val_data, s, objective, dev, canvas_length, max_canvases, val_answers)
             log.write({"kind": "val", "step": 0, **{k: round(v, 4) for k, v in ev.items()}})
             print(json.dumps({"kind": "val", "step": 0, **ev}), flush=True)
         log.write({"kind": "start", "objective": objective, **count_params(model), "device": device,
@@ -900,8 +965,8 @@ def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: s
         if auto_threads:
             adapt_threads()
         gen, rng = step_rngs(s.seed, step)
-        batch = make_batch(train_data, batch_indices(len(train_data), s.batch_size, s.seed, step),
-                           canvas_length, max_canvases, rng, s.turn_tail)
+        batch = make_batch(train_data, batch_indices(n_windows, s.batch_size, s.seed, step),
+                           canvas_length, max_canvases, rng, s.turn_tail, teacher=answers)
         step_t0 = time.time()
         with autocast(dev, precision):
             if objective == "ar":
@@ -939,7 +1004,7 @@ def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: s
             acc, window_t0, window_tok, window_steps = {}, time.time(), 0, 0
         if step % s.eval_every == 0 or step == s.steps:
             with autocast(dev, precision):
-                ev = evaluate(model, val_data, s, objective, dev, canvas_length, max_canvases)
+                ev = evaluate(model, val_data, s, objective, dev, canvas_length, max_canvases, val_answers)
             rec = {"kind": "val", "step": step, **{k: round(v, 4) for k, v in ev.items()}}
             log.write(rec)
             print(json.dumps(rec), flush=True)
@@ -1138,13 +1203,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--eval-every", type=int)
+    p.add_argument("--eval-batches", type=int, help="held-out batches per evaluation (the recipes: 12)")
     p.add_argument("--ckpt-every", type=int)
     p.add_argument("--sample-every", type=int)
     p.add_argument("--max-canvases", type=int)
-    p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="auto: bf16 where the device multiplies bf16 natively (a GPU, AVX512-BF16/AMX), else fp32")
     p.add_argument("--recipe", choices=sorted(dmc.RECIPES), default="v2",
                    help="v1: from scratch (issue 4); v2: continue from --init-from with the grown vocabulary")
     p.add_argument("--init-from", type=Path, help="a default-model GGUF to start from (v2: the v1 file)")
+    p.add_argument("--teacher", type=Path,
+                   help="v6: the teacher's answers to the training windows (python -m dgchat.convert.distill)")
+    p.add_argument("--val-teacher", type=Path, help="v6: the teacher's answers to the held-out windows (--split val)")
     p = sub.add_parser("baselines", help="unigram cross-entropy of the validation set")
     p.add_argument("--data-dir", type=Path, required=True)
     p = sub.add_parser("export", help="write a HF-style checkpoint folder")
@@ -1177,16 +1247,21 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(prepare(args.data_dir, args.sdist, args.vocab_size), indent=2))
     elif args.cmd == "train":
         overrides = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size),
-                                       ("eval_every", args.eval_every), ("ckpt_every", args.ckpt_every),
+                                       ("eval_every", args.eval_every), ("eval_batches", args.eval_batches),
+                                       ("ckpt_every", args.ckpt_every),
                                        ("sample_every", args.sample_every)) if v is not None}
         if args.recipe == "v2" and args.init_from is None:
             ap.error("--recipe v2 continues from v1 (its AR-only baseline too): pass --init-from (the v1 GGUF), "
                      "or --recipe v1")
         if args.recipe in dmc.V2_FINE_TUNES and (args.init_from is None or args.objective == "ar"):
-            ap.error(f"--recipe {args.recipe} fine-tunes v2's decoder: pass --init-from (v2's step-1,000 weights as a GGUF); "
+            start = "the shipped file" if args.recipe in dmc.DISTILLED else "v2's step-1,000 weights as a GGUF"
+            ap.error(f"--recipe {args.recipe} fine-tunes an earlier decoder: pass --init-from ({start}); "
                      "its AR-only comparison is v2's (--recipe v2 --objective ar)")
+        if (args.recipe in dmc.DISTILLED) != (args.teacher is not None):
+            ap.error(f"--teacher goes with --recipe {'/'.join(sorted(dmc.DISTILLED))} and only with it")
         train(args.data_dir, args.run_dir, args.objective, args.device, args.threads, args.max_minutes,
-              overrides, args.max_canvases, args.precision, recipe=args.recipe, init_from=args.init_from)
+              overrides, args.max_canvases, args.precision, recipe=args.recipe, init_from=args.init_from,
+              teacher=args.teacher, val_teacher=args.val_teacher)
     elif args.cmd == "baselines":
         print(json.dumps(unigram_baselines(args.data_dir), indent=2))
     elif args.cmd == "export":

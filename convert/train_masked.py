@@ -391,7 +391,7 @@ def run_arch(run_dir: Path) -> MaskedArch:
 
 def train(data_dir: Path, run_dir: Path, *, device: str = "cpu", threads: int | None = 2,
           max_minutes: float | None = None, overrides: dict[str, Any] | None = None,
-          arch: MaskedArch | None = None, precision: str = "bf16",
+          arch: MaskedArch | None = None, precision: str = "auto",
           init_embedding_from: Path | None = None) -> dict[str, Any]:
     """Train (or resume) the run in `run_dir`. threads: a torch thread count, 0 to adapt to the
     machine's load (train_default.adapt_threads), None to leave torch's setting alone.
@@ -413,6 +413,7 @@ def train(data_dir: Path, run_dir: Path, *, device: str = "cpu", threads: int | 
     log = td.JsonlLog(run_dir / "log.jsonl")
     dev = torch.device(device)
 
+    precision = td.resolve_precision(device, precision)
     settings = {"recipe": "masked", "precision": precision, "train": asdict(s), "arch": asdict(arch),
                 "data_meta_sha256": td._file_sha256(data_dir / "meta.json")}
     td.pin_run_settings(run_dir, settings)
@@ -558,7 +559,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0, help="0 = adapt to the machine's load (default)")
     p.add_argument("--max-minutes", type=float)
-    p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="auto: bf16 where the device multiplies bf16 natively (a GPU, AVX512-BF16/AMX), else fp32")
     for flag in ("steps", "batch-size", "eval-every", "ckpt-every", "answer-length"):
         p.add_argument(f"--{flag}", type=int)
     p.add_argument("--lr", type=float)

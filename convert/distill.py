@@ -117,7 +117,7 @@ def _answer_all(engine, windows, settings, indices, n_parallel, threads, batch_t
 
     eog = np.zeros(engine.model.n_vocab, bool)
     eog[[dtok.END_OF_TURN, dtok.EOS]] = True
-    per_seq = 256 + settings.max_new + 8
+    per_seq = int(np.diff(windows.seq_offsets).max()) + settings.max_new + 8  # the longest window and an answer
     ctx = llamacpp.LlamaContext(engine.model, n_ctx=n_parallel * per_seq, max_tokens=batch_tokens,
                                 n_seq_max=n_parallel, n_threads=threads, per_seq_ctx=per_seq)
     pending = (_Job(int(w), windows.ids(int(w)).astype(np.int32), [int(a) for a, _ in windows.spans(int(w))],
@@ -127,7 +127,7 @@ def _answer_all(engine, windows, settings, indices, n_parallel, threads, batch_t
     t0 = time.perf_counter()
     try:
         while True:
-            for seq, job in enumerate(slots):
+            for seq in range(n_parallel):
                 while slots[seq] is None or not slots[seq].starts:
                     slots[seq] = next(pending, None)
                     ctx.seq_rm(seq, 0)

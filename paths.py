@@ -1,6 +1,6 @@
 """Where dgchat keeps its files, and how it writes them.
 
-Config and data folders are platformdirs' user folders, or `config/` and `data/` under
+Config, data and cache folders are platformdirs' user folders, or `config/`, `data/` and `cache/` under
 $DGCHAT_HOME when it is set (tests and portable installs: nothing is then read from or written to
 the user's real folders). Every file dgchat writes goes through `atomic_write_bytes`: a temporary
 file in the same folder, fsync, then os.replace, so a crash or a full disk never leaves half a file.
@@ -34,6 +34,14 @@ def data_dir() -> Path:
     if home is not None:
         return home / "data"
     return Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
+
+
+def cache_dir() -> Path:
+    """Measurements and other files dgchat can make again (the machine profile)."""
+    home = _home_override()
+    if home is not None:
+        return home / "cache"
+    return Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False))
 
 
 def atomic_write_bytes(path: str | Path, data: bytes, *, mode: int | None = None) -> None:

@@ -9,6 +9,7 @@
     n_threads = 8             # CPU threads for llama.cpp (default: all cores)
     n_gpu_layers = 99         # layers to offload (default: all when the build supports it)
     export_dir = "~/Documents/dgchat"  # where Ctrl+S writes chats (default: that, else <data dir>/exports)
+    answer_seconds_limit = 90  # models predicted to take longer for a 256-token answer are not recommended
 
     [sampler]                 # defaults for every chat, over the model's recommended values
     steps = 64
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from dgchat.app import paths
+from dgchat.hub.speed import DEFAULT_LIMIT_S
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.model_backend.params import ALGORITHMS, CACHE_MODES, DiffusionParams
 
@@ -57,7 +59,7 @@ SAMPLER_KEYS: dict[str, tuple[type, str]] = {
 }
 TOP_KEYS = (
     "default_model", "theme", "system_prompt", "refresh_hz", "clipboard", "n_threads", "n_gpu_layers", "export_dir",
-    "sampler", "keys", "server",
+    "answer_seconds_limit", "sampler", "keys", "server",
 )
 SERVER_KEYS = ("url", "api_key")
 _KEY_RE = re.compile(r"^(?:(?:ctrl|shift|alt|meta|super|hyper)\+)*(?:[a-z0-9_]+|[^\s,+])$")
@@ -79,6 +81,8 @@ class Config:
     n_threads: int | None = None
     n_gpu_layers: int | None = None
     export_dir: str | None = None  # None: dgchat.app.export.default_export_dir()
+    # seconds a 256-token answer may take for the wizard and the model lists to recommend a model
+    answer_seconds_limit: float = DEFAULT_LIMIT_S
     sampler: dict[str, Any] = field(default_factory=dict)
     keys: dict[str, str] = field(default_factory=dict)
     server_url: str | None = None  # [server] url: an OpenAI-compatible server (dgchat.remote)
@@ -152,6 +156,11 @@ def load_config(path: str | Path | None = None) -> Config:
         if not isinstance(value, str) or not value.strip():
             raise _fail(path, f"export_dir must be the path of a folder (got {_describe(value)})")
         config.export_dir = str(Path(value).expanduser())
+    if "answer_seconds_limit" in raw:
+        value = raw["answer_seconds_limit"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value <= 86400:
+            raise _fail(path, f"answer_seconds_limit must be a number of seconds from 1 to 86400 (got {_describe(value)})")
+        config.answer_seconds_limit = float(value)
     if "sampler" in raw:
         config.sampler = _sampler(path, raw["sampler"])
     if "keys" in raw:

@@ -109,7 +109,7 @@ BUNDLED_BADGE = "bundled · no download"
 # a badge in three lengths: the full words, for a medium-width table, for a narrow one
 BADGES: dict[Fit | str, tuple[str, str, str]] = {
     Fit.VRAM: ("fits in VRAM", "fits in VRAM", "in VRAM"),
-    Fit.RAM: ("runs from RAM, slower", "runs from RAM", "from RAM"),
+    Fit.RAM: ("fits in RAM", "fits in RAM", "in RAM"),
     Fit.NONE: ("will not fit", "will not fit", "too big"),
     Fit.UNKNOWN: ("fit unknown", "fit unknown", "unknown"),
     "bundled": (BUNDLED_BADGE, "no download", "bundled"),

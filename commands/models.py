@@ -27,6 +27,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ls = msub.add_parser("list", help="catalog + installed + Hugging Face cache, with fit badges")
     ls.add_argument("--json", action="store_true", help="one JSON object: hardware, models, recommendation")
     ls.add_argument("--no-hf-cache", action="store_true", help="do not look into the Hugging Face cache")
+    ls.add_argument("--no-measure", action="store_true",
+                    help="when this machine's speed was never measured, list without speeds instead of measuring "
+                    "(a few seconds, once)")
     _add_hw_flags(ls)
 
     pull = msub.add_parser("pull", help="download (and convert) a catalog model; resumes a stopped download")
@@ -58,6 +61,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     hw.add_argument("--cores", type=int, metavar="N", help="CPU cores")
     hw.add_argument("--gpu-offload", choices=("yes", "no"), help="whether llama.cpp offloads to the GPU")
     hw.add_argument("--reset", action="store_true", help="forget every correction")
+    hw.add_argument("--measure", action="store_true",
+                    help="measure this machine's speed with the engine again (a few seconds; kept for next time)")
     hw.add_argument("--json", action="store_true")
 
 
@@ -96,8 +101,28 @@ def _hardware_for(args: argparse.Namespace, models_dir) -> Any:
     return hw.with_overrides(**changes) if changes else hw
 
 
+def _config():
+    from dgchat.app.config import load_config
+
+    return load_config()
+
+
+def _profile(*, measure: bool, remeasure: bool = False, threads: int | None = None):
+    """The machine profile: the saved one, else (with `measure`) a new measurement, said on stderr."""
+    from dgchat.hub.machine_profile import cached_profile, ensure_profile
+
+    if not remeasure:
+        cached = cached_profile(threads)
+        if cached is not None or not measure:
+            return cached
+    sys.stderr.write("measuring this machine's speed with the engine (a few seconds, kept for next time) ...\n")
+    with ctrl_c_cancels() as cancel:
+        return ensure_profile(threads, remeasure=remeasure, cancel=cancel)
+
+
 def _list(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from dgchat.hub.manager import ModelManager
@@ -105,43 +130,68 @@ def _list(args: argparse.Namespace) -> int:
 
     mgr = ModelManager()
     hw = _hardware_for(args, mgr.models_dir)
-    rows = mgr.listing(hw, include_hf_cache=not args.no_hf_cache)
-    rec = next((r.name for r in rows if r.recommended), None)
+    config = _config()
+    profile = _profile(measure=not args.no_measure, threads=config.n_threads)
+    rows = mgr.listing(hw, include_hf_cache=not args.no_hf_cache, profile=profile,
+                       limit_s=config.answer_seconds_limit)
+    rec_row = next((r for r in rows if r.recommended), None)
+    rec = mgr.recommend(hw, profile=profile, limit_s=config.answer_seconds_limit) if rec_row else None
     if args.json:
-        print(json.dumps({"hardware": hw.as_dict(), "recommended": rec, "models": [r.as_dict() for r in rows]},
+        print(json.dumps({"hardware": hw.as_dict(), "recommended": rec_row.name if rec_row else None,
+                          "recommendation_reason": rec.reason if rec else None,
+                          "answer_seconds_limit": config.answer_seconds_limit,
+                          "profile": profile.as_dict() if profile else None,
+                          "models": [r.as_dict() for r in rows]},
                          ensure_ascii=False, indent=2))
         return 0
     console = Console(highlight=False, soft_wrap=False)
     for label, value in hw.summary():
-        console.print(f"[bold]{label + ':':<12}[/] {value}", overflow="ignore", crop=False)
+        console.print(f"[bold]{label + ':':<12}[/] {escape(value)}", overflow="ignore", crop=False)
     for note in hw.notes:
-        console.print(f"[dim]note: {note}[/]", overflow="ignore", crop=False)
-    header = ("", "NAME", "SIZE", "STATUS", "FIT", "NEEDS")
+        console.print(f"[dim]note: {escape(note)}[/]", overflow="ignore", crop=False)
+    header = ("", "NAME", "SIZE", "STATUS", "FIT", "ANSWER", "NEEDS")
     lines = []
     for r in rows:
         size = format_bytes(r.size) if r.size_exact else f"~{format_bytes(r.size)}"
         status = r.status
         if r.partial is not None:
             status = f"partial {100 * r.partial.done / r.partial.total:.0f}%" if r.partial.total else "partial"
-        lines.append(("*" if r.recommended else "", r.name, size, status, r.fit.badge if r.fit else "-",
+        answer = r.speed.short() if r.speed else "-"
+        if r.speed is not None and r.speed.after_rebuild is not None:
+            answer += f" (GPU {r.speed.after_rebuild.per_answer()})"
+        lines.append(("*" if r.recommended else "", r.name, size, status, r.badge or "-", answer,
                       format_bytes(r.fit.need) if r.fit else "-"))
     if console.is_terminal:
         table = Table(box=None, pad_edge=False, show_edge=False)
         for col in header:
             table.add_column(col, no_wrap=True)
         for line in lines:
-            style = {"fits in VRAM": "green", "runs from RAM, slower": "yellow", "will not fit": "red"}.get(line[4])
-            table.add_row(*line[:4], f"[{style}]{line[4]}[/]" if style else line[4], line[5])
+            style = {"fits in VRAM": "green", "fits in RAM": "yellow", "too slow here": "magenta",
+                     "will not fit": "red"}.get(line[4])
+            table.add_row(*map(escape, line[:4]), f"[{style}]{line[4]}[/]" if style else escape(line[4]),
+                          *map(escape, line[5:]))
         console.print(table)
     else:  # a pipe or a file: plain columns, never truncated
         widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
         for line in (header, *lines):
             print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
-    if rec:
-        here = any(r.name == rec and r.status in ("installed", "bundled") for r in rows)
-        console.print(f"* recommended for this machine: [bold]{rec}[/]"
-                      + (" (installed)" if here else f"  (`dgchat models pull {rec}`)"), overflow="ignore", crop=False)
+    if profile is not None:
+        print(f"ANSWER: the predicted time of a 256-token answer here ({'; '.join(v for _, v in _speed_rows(profile))})")
+    else:
+        print("ANSWER: not predicted, this machine's speed is not measured (`dgchat models hardware --measure`)")
+    if rec_row is not None and rec is not None:
+        here = rec_row.status in ("installed", "bundled")
+        console.print(f"* recommended for this machine: [bold]{escape(rec_row.name)}[/]"
+                      + (" (installed)" if here else f"  (`dgchat models pull {escape(rec_row.name)}`)"),
+                      overflow="ignore", crop=False)
+        console.print(f"  why: {escape(rec.reason)}", soft_wrap=True)
     return 0
+
+
+def _speed_rows(profile) -> list[tuple[str, str]]:
+    from dgchat.hub.machine_profile import summary
+
+    return summary(profile)[:1]
 
 
 # -- pull ---------------------------------------------------------------------------------------------
@@ -330,6 +380,7 @@ def _hardware(args: argparse.Namespace) -> int:
         load_hardware_overrides,
         save_hardware_overrides,
     )
+    from dgchat.hub.machine_profile import summary
     from dgchat.hub.util import parse_size
 
     if args.reset:
@@ -348,10 +399,14 @@ def _hardware(args: argparse.Namespace) -> int:
         saved.update(changes)
         save_hardware_overrides(saved)
     hw = detect_hardware(paths.models_dir())
+    threads = _config().n_threads
+    profile = _profile(measure=args.measure, remeasure=args.measure, threads=threads)
     if args.json:
-        print(json.dumps(hw.as_dict(), indent=2))
+        print(json.dumps({**hw.as_dict(), "profile": profile.as_dict() if profile else None}, indent=2))
         return 0
     for label, value in hw.summary():
+        print(f"{label + ':':<13} {value}")
+    for label, value in summary(profile):
         print(f"{label + ':':<13} {value}")
     for note in hw.notes:
         print(f"note: {note}")

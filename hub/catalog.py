@@ -30,14 +30,20 @@ SAMPLER_KEYS: dict[str, type] = {
 }
 _TOP_KEYS = ("schema", "models")
 _ENTRY_KEYS = ("name", "title", "description", "family", "repo", "filename", "revision", "size", "size_exact",
-               "sha256", "convert", "context", "rank", "bundled", "arch", "sampler")
+               "sha256", "convert", "context", "rank", "bundled", "quant", "typical_steps", "arch", "sampler")
 _ARCH_KEYS = ("n_layer", "n_head_kv", "head_dim", "n_layer_swa", "sliding_window", "n_head_kv_full",
-              "head_dim_full", "extra_bytes")
+              "head_dim_full", "extra_bytes", "n_embd", "n_head", "n_ff", "n_vocab", "n_expert", "n_expert_used",
+              "n_ff_expert", "self_cond_inter")
+_SHAPE_KEYS = ("n_embd", "n_head", "n_ff", "n_vocab", "n_expert", "n_expert_used", "n_ff_expert", "self_cond_inter")
+# llama-quantize's file types the speed prediction knows (dgchat.hub.speed._QUANT_MIX)
+QUANTS = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q6_K", "F16", "BF16", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q3_K_M",
+          "Q2_K", "IQ4_XS")
 
 
 @dataclass(frozen=True)
 class ArchInfo:
-    """What the memory estimate needs to know about the network (docs/MODELS.md, "Fit estimate")."""
+    """What the memory estimate (docs/MODELS.md, "Fit estimate") and the speed prediction ("Speed
+    prediction": the shape's matrix sizes, 0 where unknown) need to know about the network."""
 
     n_layer: int
     n_head_kv: int
@@ -47,6 +53,14 @@ class ArchInfo:
     n_head_kv_full: int | None = None  # full-attention layers, when they differ from the sliding ones
     head_dim_full: int | None = None
     extra_bytes: int = 0  # runtime buffers beyond weights and KV cache (e.g. logits over a large vocabulary)
+    n_embd: int = 0  # hidden size
+    n_head: int = 0  # query heads
+    n_ff: int = 0  # dense MLP width (0: none, every layer a mixture of experts)
+    n_vocab: int = 0
+    n_expert: int = 0  # experts per layer (0: dense)
+    n_expert_used: int = 0  # experts each token is routed to
+    n_ff_expert: int = 0  # one expert's MLP width
+    self_cond_inter: int = 0  # DiffusionGemma's self-conditioning MLP width
 
     def kv_bytes(self, context: int, bytes_per_value: int = 2) -> int:
         """K and V (f16: 2 bytes) for `context` tokens over every layer."""
@@ -79,6 +93,8 @@ class CatalogEntry:
     arch: ArchInfo
     sampler: dict[str, Any] = field(default_factory=dict)
     bundled: bool = False
+    quant: str | None = None  # llama-quantize's file type (Q4_K_M, ...); None: read from the file name
+    typical_steps: float | None = None  # steps a canvas takes in practice (measured); None: unknown
 
     @property
     def downloadable(self) -> bool:
@@ -291,7 +307,19 @@ def _entry(item: dict[str, Any], path: Path, index: int) -> CatalogEntry:
         n_head_kv_full=a.int("n_head_kv_full", required=False, lo=1),
         head_dim_full=a.int("head_dim_full", required=False, lo=1),
         extra_bytes=a.int("extra_bytes", required=False, default=0),
+        **{k: a.int(k, required=False, default=0) for k in _SHAPE_KEYS},
     )  # type: ignore[arg-type]
+    if arch.n_expert_used > arch.n_expert:
+        raise a.fail("n_expert_used", f"at most n_expert ({arch.n_expert})")
+    if arch.n_expert and not (arch.n_expert_used and arch.n_ff_expert):
+        raise CatalogError(f"{a.where}: n_expert needs n_expert_used and n_ff_expert")
+    quant = t.str("quant", required=False)
+    if quant is not None and quant.upper() not in QUANTS:
+        raise t.fail("quant", "one of " + ", ".join(QUANTS))
+    typical = item.get("typical_steps")
+    if typical is not None and (isinstance(typical, bool) or not isinstance(typical, (int, float))
+                                or not 1 <= typical <= 8192):
+        raise t.fail("typical_steps", "a number of steps between 1 and 8192")
     if arch.n_layer_swa > arch.n_layer:
         raise a.fail("n_layer_swa", f"at most n_layer ({arch.n_layer})")
     if arch.n_layer_swa and not arch.sliding_window:
@@ -302,7 +330,8 @@ def _entry(item: dict[str, Any], path: Path, index: int) -> CatalogEntry:
         repo=repo, filename=filename, revision=t.str("revision", required=False, default="main") or "main",
         size=t.int("size", lo=1) or 0, size_exact=t.bool("size_exact"), sha256=sha, convert=convert,
         context=t.int("context", lo=64) or 0, rank=t.int("rank", required=False, default=0) or 0, arch=arch,
-        sampler=sampler, bundled=bundled,
+        sampler=sampler, bundled=bundled, quant=quant.upper() if quant else None,
+        typical_steps=float(typical) if typical is not None else None,
     )
 
 

@@ -14,14 +14,20 @@
     usable RAM  = 85% of total RAM (the rest for the OS and the terminal)
 
     "fits in VRAM"           need <= usable VRAM
-    "runs from RAM, slower"  otherwise, need <= usable RAM (CPU, or GPU with partial offload)
+    "fits in RAM"            otherwise, need <= usable RAM (CPU, or GPU with partial offload)
     "will not fit"           otherwise
     "fit unknown"            RAM could not be read and was not entered
 
-    recommend(): the strongest model (the catalog's rank) that fits. A model that fits in GPU
-    memory is preferred, for speed, over stronger ones that would run from RAM, and the reason
-    says so; entries whose download does not fit on the disk are skipped. The bundled model when
-    nothing fits.
+Speed (dgchat.hub.speed, with the machine profile): where a model fits, how long a 256-token answer
+takes on the device this engine build runs it on (the GPU when it fits there, layers split by memory
+when only part does, else the CPU). A model that fits but is predicted to need more than the limit
+(config `answer_seconds_limit`, default 90 s) is "too slow here" (`SpeedVerdict.too_slow`).
+
+    recommend(): the strongest model (the catalog's rank) that fits and, when speeds are known,
+    answers within the limit. A model that fits in GPU memory is preferred over stronger ones that
+    would run from RAM, and the reason says so; entries whose download does not fit on the disk are
+    skipped; stronger models passed over for speed are named with their predicted time. The bundled
+    model when nothing else qualifies.
 
 Masked-diffusion architectures without a KV cache in llama.cpp (llada, dream, ...) recompute the
 whole sequence each step; the same term then stands for their per-pass attention buffers, so the
@@ -30,16 +36,18 @@ estimate stays on the safe side.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TYPE_CHECKING
 
 from dgchat.hub.catalog import ArchInfo, CatalogEntry
-from dgchat.hub.hardware import Hardware
+from dgchat.hub.hardware import Hardware, rebuild_command
 from dgchat.hub.util import format_bytes
 
 if TYPE_CHECKING:
     from dgchat.hub.catalog import Catalog
+    from dgchat.hub.machine_profile import MachineProfile
+    from dgchat.hub.speed import ModelShape, SpeedPrediction
 
 OVERHEAD_BASE = 512 * 1024**2
 OVERHEAD_FRACTION = 0.05
@@ -51,7 +59,7 @@ DISK_MARGIN = 256 * 1024**2
 
 class Fit(str, Enum):
     VRAM = "fits in VRAM"
-    RAM = "runs from RAM, slower"
+    RAM = "fits in RAM"
     NONE = "will not fit"
     UNKNOWN = "fit unknown"
 
@@ -146,52 +154,144 @@ def estimate_entry(entry: CatalogEntry, hw: Hardware, *, context: int | None = N
                     on_disk=on_disk, convert=entry.convert)
 
 
+TOO_SLOW = "too slow here"
+
+
+@dataclass(frozen=True)
+class SpeedVerdict:
+    """How fast a model that fits would answer here, against the limit a person will wait."""
+
+    prediction: SpeedPrediction  # on the device this engine build would run it on
+    limit_s: float
+    after_rebuild: SpeedPrediction | None = None  # on the GPU this build cannot use yet
+    rebuild: str | None = None  # the command that builds an engine for that GPU
+
+    @property
+    def too_slow(self) -> bool:
+        return self.prediction.seconds_per_answer > self.limit_s
+
+    def short(self) -> str:
+        """'~6 min', '~3 s' (one 256-token answer)."""
+        return self.prediction.per_answer()
+
+    def text(self) -> str:
+        """'about 6 min per answer on this CPU (256 tokens, 0.7 tokens/s) · with your GPU after
+        rebuilding: ~4 s'"""
+        words = self.prediction.sentence()
+        if self.prediction.steps_are_limit:
+            words += ", at most"
+        if self.after_rebuild is not None:
+            words += f" · with your GPU after rebuilding: {self.after_rebuild.per_answer()}"
+        return words
+
+
+def speed_verdict(shape: ModelShape, est: FitEstimate, hw: Hardware, profile: MachineProfile,
+                  limit_s: float) -> SpeedVerdict:
+    """The prediction on the device the model would run on with this engine build (and, where a GPU
+    is present that the build cannot offload to, on that GPU after rebuilding)."""
+    from dgchat.hub.speed import estimated_gpu_profile, predict, predict_split
+
+    def on_gpu(gpu) -> SpeedPrediction:
+        vram = usable_vram(hw) or usable_vram(replace(hw, gpu_offload=True))
+        if vram and est.need <= vram:
+            return predict(shape, gpu)
+        if vram:
+            return predict_split(shape, gpu, profile.cpu, vram / est.need)
+        return predict(shape, profile.cpu)
+
+    if hw.gpu_offload:
+        gpu = profile.gpu or estimated_gpu_profile(hw.gpus[0] if hw.gpus else None)
+        return SpeedVerdict(on_gpu(gpu), limit_s)
+    cpu = predict(shape, profile.cpu)
+    if hw.gpus:
+        after = on_gpu(estimated_gpu_profile(hw.gpus[0]))
+        return SpeedVerdict(cpu, limit_s, after_rebuild=after, rebuild=rebuild_command(hw.gpus[0].kind))
+    return SpeedVerdict(cpu, limit_s)
+
+
 @dataclass(frozen=True)
 class Recommendation:
     entry: CatalogEntry
     estimate: FitEstimate
     reason: str
+    speed: SpeedVerdict | None = None
+    passed_over: tuple[tuple[CatalogEntry, SpeedVerdict], ...] = ()  # stronger, fitting, too slow
 
 
 def recommend(catalog: Catalog, hw: Hardware, *, on_disk: frozenset[str] | set[str] = frozenset(),
-              sizes: dict[str, int] | None = None) -> Recommendation:
+              sizes: dict[str, int] | None = None, speeds: dict[str, SpeedVerdict] | None = None) -> Recommendation:
     """The entry to preselect: the strongest (highest rank, then already on disk) of the entries
     that fit this machine, where "fits" means the estimate needs at most the usable memory (free
     GPU memory, or 85% of the RAM: the rest stays free for the system) and the download fits on
-    the disk. One that fits in GPU memory beats stronger ones that would run from RAM, because it
-    runs several times faster; the reason then names the stronger one. The bundled model is the
-    answer when nothing else fits, so there is always a recommendation.
+    the disk, and, with `speeds` (by entry name, from the machine profile), answers 256 tokens
+    within the limit. One that fits in GPU memory beats stronger ones that would run from RAM,
+    because it runs several times faster; the reason then names the stronger one. The bundled
+    model is the answer when nothing else qualifies, so there is always a recommendation.
 
     on_disk: names of entries already installed or found in the HF cache; sizes: real sizes by name."""
     sizes = sizes or {}
-    fitting: list[tuple[tuple[int, int], CatalogEntry, FitEstimate]] = []
+    fitting: list[tuple[tuple[int, int, int], CatalogEntry, FitEstimate]] = []
     for entry in catalog:
         est = estimate_entry(entry, hw, size=sizes.get(entry.name), on_disk=entry.name in on_disk)
         if entry.bundled or est.fit not in (Fit.VRAM, Fit.RAM) or est.disk_ok is False:
             continue
-        fitting.append(((entry.rank, int(entry.name in on_disk)), entry, est))
-    if not fitting:
+        fitting.append(((int(est.fit is Fit.VRAM), entry.rank, int(entry.name in on_disk)), entry, est))
+    too_slow = [f for f in fitting if speeds is not None and (v := speeds.get(f[1].name)) is not None and v.too_slow]
+    usable = [f for f in fitting if f not in too_slow]
+    if not usable:
         bundled = catalog.bundled
         est = estimate_entry(bundled, hw)
+        speed = speeds.get(bundled.name) if speeds else None
         if hw.ram_total is None:
             why = "RAM is unknown, so no download can be judged; the bundled model always works"
+        elif fitting and speeds:
+            limit = next(iter(speeds.values())).limit_s
+            why = (f"no catalog model is predicted to answer within {limit:.0f} s on this machine; the bundled "
+                   f"model answers in {speed.short() if speed else 'seconds'}")
         else:
             why = "no catalog model fits this machine's memory and disk; the bundled model always works"
-        return Recommendation(bundled, est, why)
-    _, strongest, strongest_est = max(fitting, key=lambda f: f[0])
-    in_vram = [f for f in fitting if f[2].fit is Fit.VRAM]
-    if not in_vram:
-        return Recommendation(strongest, strongest_est,
-                              f"the strongest model that fits in RAM (it needs {format_bytes(strongest_est.need)} "
-                              f"of the {format_bytes(strongest_est.usable_ram)} usable: 85% of the RAM, the rest "
-                              f"stays free for the system)")
-    _, entry, est = max(in_vram, key=lambda f: f[0])
-    why = (f"the strongest model that fits in GPU memory (it needs {format_bytes(est.need)} of the "
-           f"{format_bytes(est.usable_vram)} usable)")
-    if entry is not strongest:
-        why += (f"; preferred for speed over {strongest.title}, which is stronger but would run from RAM, "
-                f"several times slower")
-    return Recommendation(entry, est, why)
+        return _with_passed_over(Recommendation(bundled, est, why, speed), too_slow, speeds)
+    _, entry, est = max(usable, key=lambda f: f[0])
+    speed = speeds.get(entry.name) if speeds else None
+    if est.fit is Fit.VRAM:
+        why = (f"the strongest model that fits in GPU memory (it needs {format_bytes(est.need)} of the "
+               f"{format_bytes(est.usable_vram)} usable)")
+        faster_than = max((f for f in usable if f[2].fit is Fit.RAM and f[1].rank > entry.rank),
+                          key=lambda f: f[1].rank, default=None)
+        if faster_than is not None:
+            why += (f"; preferred for speed over {faster_than[1].title}, which is stronger but would run from RAM, "
+                    f"several times slower")
+    else:
+        why = (f"the strongest model that fits in RAM (it needs {format_bytes(est.need)} "
+               f"of the {format_bytes(est.usable_ram)} usable: 85% of the RAM, the rest "
+               f"stays free for the system)")
+    if speed is not None:
+        why = why.replace("the strongest model that fits",
+                          f"the strongest model that answers within {speed.limit_s:.0f} s and fits", 1)
+        why += f"; {speed.prediction.sentence()}"
+    return _with_passed_over(Recommendation(entry, est, why, speed), too_slow, speeds, above=entry.rank)
+
+
+def _with_passed_over(rec: Recommendation, too_slow: list, speeds: dict[str, SpeedVerdict] | None,
+                      above: int = -1) -> Recommendation:
+    """Name the stronger models left out for speed ("DiffusionGemma ... would need ~13 min per
+    answer here"), and where a GPU could run one after rebuilding the engine, say so and how."""
+    if not speeds:
+        return rec
+    passed = sorted(((f[1], speeds[f[1].name]) for f in too_slow if f[1].rank > above),
+                    key=lambda p: -p[0].rank)
+    why = rec.reason
+    if passed:
+        named = [f"{e.title} would need {v.short()} per answer here" for e, v in passed[:2]]
+        more = len(passed) - len(named)
+        why += "; passed over: " + "; ".join(named) + (f" (and {more} more)" if more else "")
+        fast_after = [(e, v) for e, v in passed if v.after_rebuild is not None
+                      and v.after_rebuild.seconds_per_answer <= v.limit_s]
+        if fast_after:
+            e, v = fast_after[0]
+            why += (f"; with your GPU, after rebuilding the engine for it ({v.rebuild}), {e.title} would answer in "
+                    f"{v.after_rebuild.per_answer()}")
+    return replace(rec, reason=why, passed_over=tuple(passed))
 
 
 DEFAULT_CONTEXT = 4096

@@ -8,7 +8,11 @@ correct any value (`Hardware.with_overrides`, persisted by `save_hardware_overri
   Win32_ComputerSystem via PowerShell on Windows, else sysconf;
 - GPU offload: `llama_supports_gpu_offload()` through dgchat.model_backend.llamacpp.engine_info();
 - VRAM: `nvidia-smi --query-gpu=name,memory.total,memory.free --format=csv` (summed over GPUs);
+  AMD on Linux: /sys/class/drm/card*/device (vendor 0x1002, mem_info_vram_total / _used);
   Apple silicon: unified memory, VRAM = hw.memsize (Metal may use about 3/4 of it, see fit.py).
+
+A GPU this engine build cannot offload to (README's default build is CPU-only) gets a note with the
+command that builds the engine for it (`rebuild_command`).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ class GpuInfo:
     name: str
     vram_total: int | None  # bytes
     vram_free: int | None  # bytes
-    kind: str  # "nvidia" | "apple"
+    kind: str  # "nvidia" | "amd" | "apple"
 
 
 @dataclass(frozen=True)
@@ -235,6 +239,39 @@ def parse_nvidia_smi(output: str) -> list[GpuInfo]:
     return gpus
 
 
+def _amd(drm_root: Path) -> list[GpuInfo]:
+    """AMD GPUs from the amdgpu driver's sysfs files (Linux): one per card with its own VRAM."""
+    gpus = []
+    for card in sorted(drm_root.glob("card[0-9]*")):
+        dev = card / "device"
+        try:
+            if dev.joinpath("vendor").read_text().strip().lower() != "0x1002":
+                continue
+            total = int(dev.joinpath("mem_info_vram_total").read_text().strip())
+        except (OSError, ValueError):
+            continue
+        try:
+            free: int | None = total - int(dev.joinpath("mem_info_vram_used").read_text().strip())
+        except (OSError, ValueError):
+            free = None
+        try:
+            name = dev.joinpath("product_name").read_text().strip() or "AMD GPU"
+        except OSError:
+            name = "AMD GPU"
+        gpus.append(GpuInfo(name=name, vram_total=total, vram_free=free, kind="amd"))
+    return gpus
+
+
+# CMake switches that build llama.cpp's backend for each kind of GPU (llama.cpp's docs/build.md)
+_GPU_BUILD_FLAGS = {"nvidia": "-DGGML_CUDA=on", "amd": "-DGGML_HIP=on", "apple": "-DGGML_METAL=on"}
+
+
+def rebuild_command(kind: str) -> str:
+    """The command, run in dgchat's source folder, that builds an engine able to offload to a GPU
+    of `kind` (README's install builds for the CPU only)."""
+    return f'CMAKE_ARGS="{_GPU_BUILD_FLAGS.get(kind, "-DGGML_VULKAN=on")}" python engine/build.py && pip install .'
+
+
 def _nvidia(nvidia_smi: str, timeout: float, notes: list[str]) -> list[GpuInfo]:
     exe = shutil.which(nvidia_smi)
     if exe is None:
@@ -251,7 +288,7 @@ def _nvidia(nvidia_smi: str, timeout: float, notes: list[str]) -> list[GpuInfo]:
 
 def detect_hardware(models_dir: Path | None = None, *, apply_saved: bool = True, nvidia_smi: str = "nvidia-smi",
                     timeout: float = 5.0, gpu_offload: bool | None = None,
-                    platform_name: str | None = None) -> Hardware:
+                    platform_name: str | None = None, drm_root: Path = Path("/sys/class/drm")) -> Hardware:
     """Read this machine's resources (no network; a few local commands with `timeout`).
 
     models_dir: where models go (free disk is measured there or at its nearest existing parent).
@@ -283,13 +320,15 @@ def detect_hardware(models_dir: Path | None = None, *, apply_saved: bool = True,
         gpus.append(GpuInfo(name="Apple silicon GPU", vram_total=ram_total, vram_free=None, kind="apple"))
     else:
         gpus.extend(_nvidia(nvidia_smi, timeout, notes))
+        if plat.startswith("linux"):
+            gpus.extend(_amd(drm_root))
     totals = [g.vram_total for g in gpus if g.vram_total is not None]
     frees = [g.vram_free for g in gpus if g.vram_free is not None]
     vram_total = sum(totals) if totals else None
     vram_free = sum(frees) if frees and len(frees) == len(gpus) else None
     if gpus and not gpu_offload and asked:
-        notes.append("gpu_offload: a GPU is present but this llama.cpp build cannot offload to it "
-                     "(a CPU-only build); models run from RAM")
+        notes.append(f"gpu_offload: {gpus[0].name} is present but this engine build cannot offload to it "
+                     f"(a CPU-only build), so models run on the CPU; to use it: {rebuild_command(gpus[0].kind)}")
     if not gpus and gpu_offload:
         notes.append("vram_total: this build can offload, but no GPU memory size could be read; enter it by hand")
     hw = Hardware(
@@ -340,5 +379,5 @@ def clear_hardware_overrides(path: Path | None = None) -> None:
 
 __all__ = [
     "EDITABLE", "GpuInfo", "Hardware", "clear_hardware_overrides", "detect_hardware", "load_hardware_overrides",
-    "parse_nvidia_smi", "save_hardware_overrides",
+    "parse_nvidia_smi", "rebuild_command", "save_hardware_overrides",
 ]

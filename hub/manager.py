@@ -32,11 +32,24 @@ from dgchat.hub.download import (
     list_partials,
 )
 from dgchat.hub.errors import DownloadCancelled, RegistryError, VerificationError
-from dgchat.hub.fit import FitEstimate, Recommendation, arch_from_dict, arch_from_header, estimate, estimate_entry
+from dgchat.hub.fit import (
+    TOO_SLOW,
+    Fit,
+    FitEstimate,
+    Recommendation,
+    SpeedVerdict,
+    arch_from_dict,
+    arch_from_header,
+    estimate,
+    estimate_entry,
+    speed_verdict,
+)
 from dgchat.hub.fit import recommend as _recommend
 from dgchat.hub.hardware import Hardware
 from dgchat.hub.hfcache import CachedGguf, find_in_hf_cache, scan_hf_cache
+from dgchat.hub.machine_profile import MachineProfile
 from dgchat.hub.registry import InstalledModel, Registry
+from dgchat.hub.speed import DEFAULT_LIMIT_S, ModelShape, shape_from_entry, shape_from_header
 from dgchat.hub.util import atomic_write_json, hash_file, sha256_file
 from dgchat.model_backend.errors import DgchatError, ModelFileError, UnsupportedModelError
 
@@ -62,6 +75,16 @@ class ModelRow:
     path: Path | None = None  # a file that runs now (installed, bundled, in the HF cache)
     needs_convert: bool = False
     notes: tuple[str, ...] = ()
+    speed: SpeedVerdict | None = None  # with a machine profile, for a model that fits
+
+    @property
+    def badge(self) -> str | None:
+        """The memory fit, or "too slow here" for a model that fits but answers slower than the limit."""
+        if self.fit is None:
+            return None
+        if self.speed is not None and self.speed.too_slow and self.fit.fit in (Fit.VRAM, Fit.RAM):
+            return TOO_SLOW
+        return self.fit.badge
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -73,7 +96,11 @@ class ModelRow:
             "fit": self.fit.badge if self.fit else None, "need": self.fit.need if self.fit else None,
             "fit_reason": self.fit.reason if self.fit else None, "recommended": self.recommended,
             "partial": ({"done": self.partial.done, "total": self.partial.total} if self.partial else None),
-            "needs_convert": self.needs_convert, "notes": list(self.notes),
+            "needs_convert": self.needs_convert, "notes": list(self.notes), "badge": self.badge,
+            "predicted": self.speed.prediction.as_dict() if self.speed else None,
+            "predicted_after_rebuild": (self.speed.after_rebuild.as_dict()
+                                        if self.speed and self.speed.after_rebuild else None),
+            "speed": self.speed.text() if self.speed else None,
         }
 
 
@@ -157,8 +184,11 @@ class ModelManager:
             raise ModelFileError("this installation has no bundled model")
         return path
 
-    def listing(self, hw: Hardware | None = None, *, include_hf_cache: bool = True) -> list[ModelRow]:
-        """Catalog entries (in catalog order), then other installed models, then runnable GGUFs in the HF cache."""
+    def listing(self, hw: Hardware | None = None, *, include_hf_cache: bool = True,
+                profile: MachineProfile | None = None, limit_s: float = DEFAULT_LIMIT_S) -> list[ModelRow]:
+        """Catalog entries (in catalog order), then other installed models, then runnable GGUFs in the HF cache.
+        With a machine profile (dgchat.hub.machine_profile) every model that fits gets a speed prediction
+        (`ModelRow.speed`) and the recommendation goes by it (`limit_s`: seconds a 256-token answer may take)."""
         from dgchat.assets import bundled_model_path
 
         installed = self.registry.all()
@@ -209,9 +239,11 @@ class ModelManager:
                 name=entry.name, title=entry.title, description=entry.description, status=status, size=size,
                 size_exact=exact, entry=entry, installed=inst, hf_cache=hf, partial=partial, fit=fit, path=path,
                 needs_convert=entry.convert and status != "installed", notes=tuple(notes),
+                speed=self._speed(entry, path, fit, hw, profile, limit_s),
             ))
         if hw is not None:
-            rec = _recommend(self.catalog, hw, on_disk=on_disk, sizes=sizes)
+            speeds = {r.name: r.speed for r in rows if r.speed is not None} if profile is not None else None
+            rec = _recommend(self.catalog, hw, on_disk=on_disk, sizes=sizes, speeds=speeds)
             rows = [r if r.entry is not rec.entry else _with(r, recommended=True) for r in rows]
         catalog_names = {e.name for e in self.catalog}
         registered_paths = {_resolved(m.path) for m in installed}
@@ -221,18 +253,46 @@ class ModelManager:
             arch = arch_from_dict(m.arch)
             fit = (estimate(m.size, arch, min(m.context_length or 4096, 4096), hw, on_disk=True)
                    if hw is not None and arch is not None else None)
+            path = m.path if m.path.exists() else None
             rows.append(ModelRow(
                 name=m.name, title=m.name, description=f"imported from {m.converted_from['path']}"
                 if m.converted_from else f"{m.source}: {m.path}", status="installed" if m.path.exists() else "missing",
-                size=m.size, size_exact=True, installed=m, fit=fit, path=m.path if m.path.exists() else None,
+                size=m.size, size_exact=True, installed=m, fit=fit, path=path,
+                speed=self._speed(None, path, fit, hw, profile, limit_s),
             ))
         for c in cached:
             if c.path in claimed_cache or _resolved(c.path) in registered_paths:
                 continue
             row = self._cache_row(c, hw)
             if row is not None:
-                rows.append(row)
+                rows.append(_with(row, speed=self._speed(None, row.path, row.fit, hw, profile, limit_s)))
         return rows
+
+    @staticmethod
+    def _shape(entry: CatalogEntry | None, path: Path | None) -> ModelShape | None:
+        """The model's shape: from its file where it is on disk (exact), else from the catalog."""
+        from dgchat.model_backend.gguf_file import read_gguf_header
+        from dgchat.model_backend.model_info import inspect_header
+
+        typical = entry.typical_steps if entry is not None else None
+        try:
+            if path is not None:
+                header = read_gguf_header(path)
+                info = inspect_header(header)
+                return shape_from_header(header, family=info.family, kv_memory=info.has_kv_memory,
+                                         sampler=info.defaults, typical_steps=typical)
+            if entry is not None:
+                return shape_from_entry(entry)
+        except (DgchatError, ValueError):
+            return None
+        return None
+
+    def _speed(self, entry: CatalogEntry | None, path: Path | None, fit: FitEstimate | None, hw: Hardware | None,
+               profile: MachineProfile | None, limit_s: float) -> SpeedVerdict | None:
+        if profile is None or hw is None or fit is None or fit.fit not in (Fit.VRAM, Fit.RAM):
+            return None
+        shape = self._shape(entry, path)
+        return speed_verdict(shape, fit, hw, profile, limit_s) if shape is not None else None
 
     def _cache_row(self, c: CachedGguf, hw: Hardware | None) -> ModelRow | None:
         from dgchat.model_backend.gguf_file import read_gguf_header
@@ -257,11 +317,13 @@ class ModelManager:
             path=None if needs_convert else c.path, needs_convert=needs_convert,
         )
 
-    def recommend(self, hw: Hardware) -> Recommendation:
-        rows = self.listing(hw)
+    def recommend(self, hw: Hardware, *, profile: MachineProfile | None = None,
+                  limit_s: float = DEFAULT_LIMIT_S) -> Recommendation:
+        rows = self.listing(hw, profile=profile, limit_s=limit_s)
         on_disk = {r.name for r in rows if r.entry is not None and r.status in ("installed", "bundled", "in HF cache")}
         sizes = {r.name: r.size for r in rows if r.entry is not None and r.size_exact}
-        return _recommend(self.catalog, hw, on_disk=on_disk, sizes=sizes)
+        speeds = {r.name: r.speed for r in rows if r.speed is not None} if profile is not None else None
+        return _recommend(self.catalog, hw, on_disk=on_disk, sizes=sizes, speeds=speeds)
 
     # -- pull ---------------------------------------------------------------------------------------
 

@@ -324,6 +324,42 @@ def local_gpu_present() -> bool:
     return False
 
 
+def local_gpu_devices() -> list[BackendDevice]:
+    """The local GPUs this engine can offload to (none for a CPU-only build; RPC devices excluded)."""
+    if not _llama.llama_supports_gpu_offload():
+        return []
+    try:
+        g = _ggml()
+    except EngineError:
+        return []
+    devs = (g["ggml_backend_dev_get"](i) for i in range(g["ggml_backend_dev_count"]()))
+    return [_device(d) for d in devs
+            if g["ggml_backend_dev_type"](d) in (_DEV_GPU, _DEV_IGPU) and not _is_rpc_device(d)]
+
+
+def system_info() -> str:
+    """llama.cpp's one-line summary of the CPU features and backends it was built for."""
+    return (_llama.llama_print_system_info() or b"").decode(errors="replace").strip()
+
+
+def engine_build_key() -> str:
+    """Names this engine build on this machine: a measurement made with one build (its kernels, its
+    CPU features, its GPUs) is not reused with another. Built from the llama.cpp library file
+    (path, size, modification time), the patch level, llama.cpp's system info and the GPU names."""
+    import hashlib
+
+    lib = Path(getattr(_llama.llama_cpp._lib, "_name", "") or "")
+    try:
+        st = lib.stat()
+        ident = f"{lib.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+    except OSError:
+        ident = str(lib)
+    info = engine_info()
+    gpus = ",".join(f"{d.name}/{d.description}" for d in local_gpu_devices())
+    text = "\n".join((ident, info.llama_cpp_version, str(info.patch_level), system_info(), gpus))
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
 def _rpc_proc(name: str) -> int | None:
     """The RPC backend's function `name`, or None in an engine built without RPC."""
     try:

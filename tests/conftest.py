@@ -66,3 +66,30 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.delenv("DGCHAT_MODEL", raising=False)
     os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+
+REFERENCE_PROFILE = Path(__file__).parent / "fixtures" / "machine_profile.json"
+
+
+@pytest.fixture(scope="session")
+def _engine_build_key() -> str:
+    from dgchat.model_backend.llamacpp import engine_build_key
+
+    return engine_build_key()
+
+
+@pytest.fixture(autouse=True)
+def _reference_machine_profile(_isolated_home: None, _engine_build_key: str) -> None:
+    """Every test sees the same machine profile (measured once on the project's 2-core machine,
+    tests/fixtures/machine_profile.json), saved as this engine build's: speed predictions and the
+    recommendations built on them are the same on every machine, and no test measures by accident.
+    Tests of the measurement itself delete it or point elsewhere."""
+    import json
+
+    from dgchat.hub.machine_profile import default_threads, profile_path
+
+    data = json.loads(REFERENCE_PROFILE.read_text())
+    data.update(build_key=_engine_build_key, threads=default_threads())
+    path = profile_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))

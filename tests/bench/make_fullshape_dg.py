@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
 import sys
 import time
@@ -37,6 +36,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType, TokenType
 
 from dgchat.convert.checkpoint import f32_to_bf16
+from dgchat.convert.random_blocks import WEIGHT_STD, random_blocks
 from dgchat.convert.families import diffusion_gemma as dg
 from dgchat.convert.tokenizer_gguf import Vocab
 from dgchat.convert.writer import GGUFPlan, TensorPlan, _Writer, check_space, partial_path
@@ -82,7 +82,6 @@ ROPE_PARAMETERS = {  # [A]
 }
 FULL_ATTENTION_PERIOD = 6  # [A]: every 6th layer is global (5 sliding, then 1 full)
 
-WEIGHT_STD = 0.02  # spread of the dequantized random weights (a typical init std)
 NORM_JITTER = 0.05  # norm weights and scalars: 1 + N(0, NORM_JITTER)
 CHUNK_BYTES = 32 * 1024 * 1024  # bytes generated and written at a time
 QTYPES = {"q4_0": Q.Q4_0, "q8_0": Q.Q8_0, "q6_k": Q.Q6_K}
@@ -167,37 +166,7 @@ def hf_config(spec: FullShapeSpec) -> dict[str, Any]:
     }
 
 
-# -- random quantized blocks ----------------------------------------------------------------------
-# Standard deviation of the integer part of a block whose bits are uniformly random.
-_UNIFORM_STD = {Q.Q4_0: math.sqrt((16**2 - 1) / 12),  # nibble - 8 in [-8, 7]
-                Q.Q8_0: math.sqrt((256**2 - 1) / 12),  # int8 in [-128, 127]
-                Q.Q6_K: math.sqrt((64**2 - 1) / 12)}  # 6 bits - 32 in [-32, 31]
-_Q6_K_SUBSCALE = 4  # int8 sub-block scale of every Q6_K sub-block; d carries the rest
-
-
-def _f16_scales(rng: np.random.Generator, n: int, base: float) -> np.ndarray:
-    """Per-block f16 scales within 25 % of `base` (blocks of a trained model differ too)."""
-    return (base * (0.75 + 0.5 * rng.random(n, dtype=np.float32))).astype(np.float16)
-
-
-def random_blocks(rng: np.random.Generator, qtype: GGMLQuantizationType, n_blocks: int,
-                  std: float = WEIGHT_STD) -> np.ndarray:
-    """`n_blocks` random blocks of `qtype` as raw bytes [n_blocks, type_size]: uniformly random
-    quants and a positive f16 scale, so the dequantized values have a spread of about `std`."""
-    _, type_size = GGML_QUANT_SIZES[qtype]
-    raw = rng.bit_generator.random_raw(-(-n_blocks * type_size // 8)).view(np.uint8)
-    blocks = raw[: n_blocks * type_size].reshape(n_blocks, type_size)
-    if qtype in (Q.Q4_0, Q.Q8_0):  # block: f16 d, then the quants
-        blocks[:, :2] = _f16_scales(rng, n_blocks, std / _UNIFORM_STD[qtype]).view(np.uint8).reshape(-1, 2)
-    elif qtype == Q.Q6_K:  # block: ql[128], qh[64], int8 scales[16], f16 d
-        blocks[:, 192:208] = _Q6_K_SUBSCALE
-        d = _f16_scales(rng, n_blocks, std / (_UNIFORM_STD[qtype] * _Q6_K_SUBSCALE))
-        blocks[:, 208:210] = d.view(np.uint8).reshape(-1, 2)
-    else:
-        raise ValueError(f"no random block writer for {qtype.name}")
-    return blocks
-
-
+# -- random quantized blocks (dgchat.convert.random_blocks) ------------------------------------
 def _quantized_chunks(seed: int, qtype: GGMLQuantizationType, n_elements: int) -> Iterator[np.ndarray]:
     block, type_size = GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(seed)

@@ -199,7 +199,8 @@ def shape_from_entry(entry: CatalogEntry) -> ModelShape:
         kv = (a.n_head_kv_full or a.n_head_kv) if full else a.n_head_kv
         q = a.n_head * head_dim
         add(dense, bulk, layers * (2 * d * q + d * kv * head_dim))  # q and o; k
-        split(dense, layers * d * kv * head_dim)  # v
+        if not (full and n_swa and entry.family in ("diffusion_gemma", "tiny")):
+            split(dense, layers * d * kv * head_dim)  # v (Gemma 4's full-attention layers use K as V)
         if a.n_ff:
             add(dense, bulk, layers * 2 * d * a.n_ff)  # gate, up
             split(dense, layers * d * a.n_ff)  # down

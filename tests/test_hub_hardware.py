@@ -80,7 +80,28 @@ def test_cpu_only_build_with_a_gpu_present(home: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("PATH", f"{home / 'bin'}{os.pathsep}{os.environ['PATH']}")
     hw = detect_hardware(home, gpu_offload=False, platform_name="linux")
     assert hw.vram_total is not None and not hw.gpu_offload
-    assert any("cannot offload" in n for n in hw.notes)
+    note = next(n for n in hw.notes if "cannot offload" in n)
+    # the note names the GPU and the exact command that builds an engine for it
+    assert "RTX 4090" in note and note.endswith('to use it: CMAKE_ARGS="-DGGML_CUDA=on" python engine/build.py && '
+                                                 'pip install .')
+
+
+def test_amd_gpu_from_sysfs(home: Path) -> None:
+    drm = home / "drm"
+    card = drm / "card1" / "device"
+    card.mkdir(parents=True)
+    (card / "vendor").write_text("0x1002\n")
+    (card / "mem_info_vram_total").write_text(f"{16 * 1024 * MIB}\n")
+    (card / "mem_info_vram_used").write_text(f"{1024 * MIB}\n")
+    (card / "product_name").write_text("Radeon RX 7800 XT\n")
+    other = drm / "card0" / "device"  # an integrated Intel GPU: not counted
+    other.mkdir(parents=True)
+    (other / "vendor").write_text("0x8086\n")
+    hw = detect_hardware(home, nvidia_smi="no-such-nvidia-smi", gpu_offload=False, platform_name="linux",
+                         drm_root=drm)
+    assert [(g.name, g.kind) for g in hw.gpus] == [("Radeon RX 7800 XT", "amd")]
+    assert hw.vram_total == 16 * 1024 * MIB and hw.vram_free == 15 * 1024 * MIB
+    assert any('CMAKE_ARGS="-DGGML_HIP=on"' in n for n in hw.notes)
 
 
 def test_nvidia_smi_missing_or_failing(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:

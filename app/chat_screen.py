@@ -846,6 +846,8 @@ class ChatScreen(Screen):
                 resolve=engine.resolve,
                 check_model=check_model_file,
                 default_model=self.session.default_path if isinstance(self.session.default_path, Path) else None,
+                # what the status line's "T 0.8 → 0.4" says: this model anneals t_max → t_min
+                annealed=engine.info.uniform_state and not defaults.autoregressive,
             ),
             done,
         )

@@ -42,6 +42,7 @@ from dgchat.app.settings_modal import ChatSettings, SettingsModal, server_refuse
 from dgchat.app.store import Chat, Message
 from dgchat.app.widgets.canvas import LiveCanvas
 from dgchat.app.widgets.chat_list import ChatList
+from dgchat.app.widgets.conversation import Conversation
 from dgchat.app.widgets.message import MessageView
 from dgchat.app.widgets.prompt_input import PromptInput
 from dgchat.app.widgets.status_bar import StatusBar
@@ -145,7 +146,7 @@ class ChatScreen(Screen):
                 yield Label("Chats", id="sidebar-title")
                 yield ChatList(id="chat-list")
             with Vertical(id="chat-pane"):
-                yield VerticalScroll(id="conversation")
+                yield Conversation(id="conversation")
                 yield PromptInput(id="prompt", placeholder="Message the model — Enter sends, Shift+Enter newline")
                 yield StatusBar(id="status")
         yield Footer()
@@ -381,7 +382,7 @@ class ChatScreen(Screen):
         return self.chat
 
     def _render_conversation(self, focus_message: int | None = None) -> None:
-        conversation = self.query_one("#conversation", VerticalScroll)
+        conversation = self.query_one("#conversation", Conversation)
         for child in conversation.children:
             child.add_class("-removed")
         conversation.remove_children()
@@ -400,9 +401,10 @@ class ChatScreen(Screen):
         if focus_message is not None:
             target = next((v for v in views if v.message.id == focus_message), None)
             if target is not None:
+                conversation.follow(False)  # the view goes to that message, not to the end
                 self.call_after_refresh(self._focus_view, target)
                 return
-        self.call_after_refresh(conversation.scroll_end, animate=False)
+        conversation.follow()  # at the latest message, and kept there as the messages lay out
 
     def view_for(self, message_id: int) -> MessageView | None:
         """The widget showing a message (message ids are not widget ids: re-renders reuse them)."""
@@ -430,10 +432,10 @@ class ChatScreen(Screen):
         prompt.set_history(self.store.prompt_history())
         self.chat = self.store.get_chat(chat.id)
         self.refresh_sidebar()
-        conversation = self.query_one("#conversation", VerticalScroll)
+        conversation = self.query_one("#conversation", Conversation)
         conversation.query(".conversation--hint").remove()
         conversation.mount(MessageView(message))
-        conversation.scroll_end(animate=False)
+        conversation.follow()  # sending follows the conversation to its end again
         # start once the prompt is on screen: that layout then does not compete with the first steps
         self.call_after_refresh(self.start_generation)
 

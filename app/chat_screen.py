@@ -614,6 +614,13 @@ class ChatScreen(Screen):
     def action_toggle_sidebar(self) -> None:
         sidebar = self.query_one("#sidebar")
         sidebar.display = not sidebar.display
+        if sidebar.display and self._narrow:
+            self.query_one(ChatList).focus()  # it lies over the chat: shown to pick a chat from
+
+    @property
+    def _narrow(self) -> bool:
+        """Below NARROW_BELOW columns, where a shown sidebar lies over the chat (dgchat.tcss)."""
+        return self.size.width < NARROW_BELOW
 
     def _last(self, role: str) -> Message | None:
         if self.chat is None:
@@ -803,6 +810,14 @@ class ChatScreen(Screen):
         event.stop()
         if event.action == "open" and event.chat_id is not None:
             self.open_chat(event.chat_id)
+            if self._narrow:
+                # the sidebar lies over the chat there: put it away, back to the prompt. Not a choice
+                # to hide it (Ctrl+B's inline display): the width rules decide again, a wide
+                # terminal shows it
+                sidebar = self.query_one("#sidebar")
+                sidebar.styles.clear_rule("display")
+                sidebar.refresh(layout=True)
+                self.query_one(PromptInput).focus()
         elif event.action == "new":
             self.action_new_chat()
         elif event.action == "rename":

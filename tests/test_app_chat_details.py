@@ -82,6 +82,33 @@ def test_the_remapping_example_uses_a_free_key():
     assert line in docs.split("\n[keys]", 1)[1].split("```", 1)[0]  # the config example
 
 
+@pytest.mark.parametrize("size", [(140, 40), (80, 24)])
+async def test_key_help_lines_up_its_columns_and_says_how_to_focus_a_message(home, llada_gguf, size):
+    """F1's groups were separate tables sized by their own rows: the action and id columns moved
+    from group to group. And the message keys (c, e, r, [ ]) act on a focused message, which F1
+    never said how to reach."""
+    from dgchat.app.help_modal import HelpModal
+
+    app = make_app(llada_gguf)
+    async with app.run_test(size=size) as pilot:
+        await pilot.press("f1")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpModal), what="the key help")
+        modal = app.screen
+        await pilot.pause()
+        starts: dict[str, set[int]] = {"action": set(), "id": set()}
+        tables = list(modal.query(".help--table"))
+        assert len(tables) == len(modal.rows) > 5
+        for table, (_group, rows) in zip(tables, modal.rows, strict=True):
+            binding_id, _key, description = rows[0]
+            first = table.render_line(0).text
+            starts["action"].add(first.index(description))
+            starts["id"].add(first.rindex(binding_id))
+        assert len(starts["action"]) == 1 and len(starts["id"]) == 1, starts
+        groups = [str(label.render()) for label in modal.query(".help--group")]
+        focused = next(g for g in groups if g.startswith("Focused message"))
+        assert "Shift+Tab" in focused and "click" in focused
+
+
 # -- model info and the status line ----------------------------------------------------------------
 
 def test_values_without_float_noise():

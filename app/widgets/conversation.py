@@ -3,8 +3,8 @@
 A one-off scroll_end when a chat opens is not enough: answers render their Markdown over the next
 refreshes and a resize re-wraps every message, both after that scroll ran, and the view was left a
 few lines above the end. Here every layout change (this widget's size, or the height of what it
-holds: its virtual size) scrolls to the end again while `following` is set. The user scrolling up clears
-it, scrolling back down to the end sets it again.
+holds: its virtual size) scrolls to the end again while `following` is set. The user scrolling up
+clears it, scrolling back down to the end sets it again.
 
 Textual's own anchor() does the first part too, but while the messages are shorter than the view it
 pins them to the bottom instead of the top, which would move every short chat.
@@ -17,9 +17,7 @@ from textual.containers import VerticalScroll
 
 
 class Conversation(VerticalScroll):
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
-        self.following = True  # the view stays at the end (the user has not scrolled up)
+    following: bool = True  # the view stays at the end (the user has not scrolled up)
 
     def follow(self, on: bool = True) -> None:
         """Go to the end and stay there (`on`), or leave the view where it is put next (a search

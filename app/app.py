@@ -227,7 +227,8 @@ def binding_sources() -> list[tuple[str, list[type]]]:
         ("App", [DgchatApp]),
         ("Chat", [ChatScreen]),
         ("Prompt box", [PromptInput]),
-        ("Focused message", [MessageView]),
+        # the message keys act on a focused message: say how to get there
+        ("Focused message (Shift+Tab from the prompt box, or click it)", [MessageView]),
         ("Sidebar (chat list)", [ChatList]),
         ("Search", [SearchModal]),
         ("Settings", [SettingsModal]),

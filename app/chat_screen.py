@@ -42,6 +42,7 @@ from dgchat.app.settings_modal import ChatSettings, SettingsModal, server_refuse
 from dgchat.app.store import Chat, Message
 from dgchat.app.widgets.canvas import LiveCanvas
 from dgchat.app.widgets.chat_list import ChatList
+from dgchat.app.widgets.conversation import Conversation
 from dgchat.app.widgets.message import MessageView
 from dgchat.app.widgets.prompt_input import PromptInput
 from dgchat.app.widgets.status_bar import StatusBar
@@ -145,7 +146,7 @@ class ChatScreen(Screen):
                 yield Label("Chats", id="sidebar-title")
                 yield ChatList(id="chat-list")
             with Vertical(id="chat-pane"):
-                yield VerticalScroll(id="conversation")
+                yield Conversation(id="conversation")
                 yield PromptInput(id="prompt", placeholder="Message the model — Enter sends, Shift+Enter newline")
                 yield StatusBar(id="status")
         yield Footer()
@@ -381,7 +382,7 @@ class ChatScreen(Screen):
         return self.chat
 
     def _render_conversation(self, focus_message: int | None = None) -> None:
-        conversation = self.query_one("#conversation", VerticalScroll)
+        conversation = self.query_one("#conversation", Conversation)
         for child in conversation.children:
             child.add_class("-removed")
         conversation.remove_children()
@@ -400,9 +401,10 @@ class ChatScreen(Screen):
         if focus_message is not None:
             target = next((v for v in views if v.message.id == focus_message), None)
             if target is not None:
+                conversation.follow(False)  # the view goes to that message, not to the end
                 self.call_after_refresh(self._focus_view, target)
                 return
-        self.call_after_refresh(conversation.scroll_end, animate=False)
+        conversation.follow()  # at the latest message, and kept there as the messages lay out
 
     def view_for(self, message_id: int) -> MessageView | None:
         """The widget showing a message (message ids are not widget ids: re-renders reuse them)."""
@@ -430,10 +432,10 @@ class ChatScreen(Screen):
         prompt.set_history(self.store.prompt_history())
         self.chat = self.store.get_chat(chat.id)
         self.refresh_sidebar()
-        conversation = self.query_one("#conversation", VerticalScroll)
+        conversation = self.query_one("#conversation", Conversation)
         conversation.query(".conversation--hint").remove()
         conversation.mount(MessageView(message))
-        conversation.scroll_end(animate=False)
+        conversation.follow()  # sending follows the conversation to its end again
         # start once the prompt is on screen: that layout then does not compete with the first steps
         self.call_after_refresh(self.start_generation)
 
@@ -612,6 +614,13 @@ class ChatScreen(Screen):
     def action_toggle_sidebar(self) -> None:
         sidebar = self.query_one("#sidebar")
         sidebar.display = not sidebar.display
+        if sidebar.display and self._narrow:
+            self.query_one(ChatList).focus()  # it lies over the chat: shown to pick a chat from
+
+    @property
+    def _narrow(self) -> bool:
+        """Below NARROW_BELOW columns, where a shown sidebar lies over the chat (dgchat.tcss)."""
+        return self.size.width < NARROW_BELOW
 
     def _last(self, role: str) -> Message | None:
         if self.chat is None:
@@ -801,6 +810,14 @@ class ChatScreen(Screen):
         event.stop()
         if event.action == "open" and event.chat_id is not None:
             self.open_chat(event.chat_id)
+            if self._narrow:
+                # the sidebar lies over the chat there: put it away, back to the prompt. Not a choice
+                # to hide it (Ctrl+B's inline display): the width rules decide again, a wide
+                # terminal shows it
+                sidebar = self.query_one("#sidebar")
+                sidebar.styles.clear_rule("display")
+                sidebar.refresh(layout=True)
+                self.query_one(PromptInput).focus()
         elif event.action == "new":
             self.action_new_chat()
         elif event.action == "rename":
@@ -846,6 +863,8 @@ class ChatScreen(Screen):
                 resolve=engine.resolve,
                 check_model=check_model_file,
                 default_model=self.session.default_path if isinstance(self.session.default_path, Path) else None,
+                # what the status line's "T 0.8 → 0.4" says: this model anneals t_max → t_min
+                annealed=engine.info.uniform_state and not defaults.autoregressive,
             ),
             done,
         )

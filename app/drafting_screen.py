@@ -106,6 +106,9 @@ class DraftingScreen(ToolScreen):
         self._save_error: str | None = None
         self._seed = 0
         self._note = ""
+        # (the document before, after) the last accepted proposal: the status line says which of
+        # the two the document holds (Ctrl+Z / Ctrl+Y move between them), or nothing once edited
+        self._accepted: tuple[str, str] | None = None
 
     def compose(self) -> ComposeResult:
         yield Header(icon="≡")
@@ -223,6 +226,7 @@ class DraftingScreen(ToolScreen):
         selected = editor.get_text_range(start, end)
         request = DraftRequest(kind, before, selected, after, seed=self._seed)
         self._note = ""
+        self._accepted = None
         self._seed += 1
         self._start(Proposal(request, start, end))
 
@@ -295,12 +299,14 @@ class DraftingScreen(ToolScreen):
             return
         editor = self.editor
         self._close_preview()
+        before = editor.text
         # one undoable edit: a checkpoint on each side keeps typing before or after it separate
         editor.history.checkpoint()
         result = editor.replace(proposal.text, proposal.start, proposal.end, maintain_selection_offset=False)
         editor.history.checkpoint()
         editor.selection = Selection(proposal.start, result.end_location)
-        self._note = "accepted · Ctrl+Z undoes it"
+        self._note = ""
+        self._accepted = (before, editor.text)
         self.update_status()
 
     def action_reject(self) -> None:
@@ -308,6 +314,7 @@ class DraftingScreen(ToolScreen):
             return
         self._close_preview()
         self._note = "rejected"
+        self._accepted = None
         self.update_status()
 
     def action_retry(self) -> None:
@@ -374,7 +381,9 @@ class DraftingScreen(ToolScreen):
         job = self.job
         if proposal is not None:
             request = proposal.request
-            what = "Rewriting" if request.kind == "rewrite" else "Continuing"
+            # a rewrite with nothing selected fills in at the cursor: say so, it is not a rewrite
+            fill = request.kind == "rewrite" and not request.selected
+            what = "Filling in at the cursor" if fill else "Rewriting" if request.kind == "rewrite" else "Continuing"
             size = f" · {proposal.plan.span} tokens" if proposal.plan is not None else ""
             if job is not None and job.running:
                 done, total = job.progress
@@ -390,8 +399,8 @@ class DraftingScreen(ToolScreen):
             bar.set_loading(None)
             if proposal.text is not None:
                 # short enough for 80 columns (y and n work too; F1 lists them)
-                bar.set_text(f"Proposal{size} · seed {request.seed} · Enter accept · Esc reject · r another · "
-                             "+/- size")
+                bar.set_text(f"{'Fill-in' if fill else 'Proposal'}{size} · seed {request.seed} · Enter accept · "
+                             "Esc reject · r another · +/- size")
                 return
         bar.set_loading(None)
         text = editor.text
@@ -401,6 +410,14 @@ class DraftingScreen(ToolScreen):
         else:
             saved = "saved" if text == self._saved_text else "editing…"
         note = f" · {self._note}" if self._note else ""
+        if self._accepted is not None:
+            before, after = self._accepted
+            if text == after:
+                note = " · accepted · Ctrl+Z undoes it"
+            elif text == before:
+                note = " · undone · Ctrl+Y redoes it"
+            else:
+                note = ""  # edited since: the note would be about another document
         # the file's path last: on a narrow terminal it is what gets cut
         bar.set_text(f"{saved} · {words} words{note} · {self.model_status()} · {self._short_path()}")
 

@@ -24,8 +24,9 @@ class EditModal(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog -wide"):
             yield Label("Edit prompt", classes="dialog--title")
+            # markup=False: Rich reads "[ and ]" as a markup tag and drops it
             yield Static("Re-running keeps the earlier version: [ and ] on the prompt flip back.",
-                         classes="dialog--help")
+                         classes="dialog--help", markup=False)
             yield TextArea(self.text, id="edit-text", soft_wrap=True, tab_behavior="focus")
             yield Label("", id="edit-error", classes="dialog--error")
             with Horizontal(classes="dialog--buttons"):

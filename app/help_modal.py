@@ -34,15 +34,19 @@ class HelpModal(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog -wide -tall", id="help"):
             yield Label("Keys", classes="dialog--title")
+            # one width per column for every group's table, so that the columns line up from group to
+            # group (each table sized by its own rows moved them)
+            key_width = max([16, *(len(key) for _group, rows in self.rows for _id, key, _d in rows)])
+            id_width = max([0, *(len(binding_id) for _group, rows in self.rows for binding_id, _k, _d in rows)])
             with VerticalScroll(id="help-scroll"):
                 for group, rows in self.rows:
                     table = Table(box=None, show_header=False, expand=True, padding=(0, 1))
-                    table.add_column("key", width=16, no_wrap=True)
+                    table.add_column("key", width=key_width, no_wrap=True)
                     table.add_column("action", ratio=1)
-                    table.add_column("id", style="dim", no_wrap=True)
+                    table.add_column("id", style="dim", width=id_width, no_wrap=True)
                     for binding_id, key, description in rows:
                         table.add_row(Text(key, style="bold"), Text(description), Text(binding_id))
-                    yield Label(group, classes="help--group")
+                    yield Label(group, classes="help--group", markup=False)
                     yield Static(table, classes="help--table")
             yield Static(self.config_hint, markup=False, classes="dialog--help")
 

@@ -118,6 +118,9 @@ class ModelsScreen(Screen[ModelSource | None]):
     ModelsScreen.-short #models-hw, ModelsScreen.-short #models-table, ModelsScreen.-short #models-panel {
         margin-bottom: 0;
     }
+    /* a transfer that failed: its bar (stopped where it was) says nothing the message does not, and
+       its row is what keeps the buttons on an 80x24 screen */
+    #models-panel.-failed ProgressBar { display: none; }
     """
 
     BINDINGS = [
@@ -139,6 +142,10 @@ class ModelsScreen(Screen[ModelSource | None]):
         self.task_row: ModelRow | None = None
         self._then_use = False
         self._table_width = 0  # the width the table was laid out for
+        # the panel's last result or problem, and the model (row name) it is about: it shows while
+        # that model is selected, so that "No network connection" is not read as another model's
+        self._panel_message = False
+        self._panel_about: str | None = None
 
     def compose(self) -> ComposeResult:
         yield Header(icon="≡")
@@ -320,7 +327,16 @@ class ModelsScreen(Screen[ModelSource | None]):
             using = row.path is not None and _resolved(row.path) == _resolved(self._in_use())
             detail.update(model_ops.row_details(row, self.hw) + ("\n● in use (the default model)" if using else "")
                           + cli)
+        self._panel_follows_selection()
         self._buttons()
+
+    def _panel_follows_selection(self) -> None:
+        """The panel's result or problem shows while the model it is about is selected; a transfer
+        that runs stays in view whatever is selected."""
+        if self.busy or not self._panel_message:
+            return
+        row = self.selected
+        self.query_one(TransferPanel).display = row is not None and row.name == self._panel_about
 
     # -- what applies to the selected row ---------------------------------------------------------
     @property
@@ -436,9 +452,14 @@ class ModelsScreen(Screen[ModelSource | None]):
         if action is not None:
             action()
 
-    def _message(self, text: str, *, error: bool = False) -> None:
+    def _message(self, text: str, *, error: bool = False, about: str | None = None) -> None:
+        """`about`: the model (row name) the message is about; None: the selected one."""
         panel = self.query_one(TransferPanel)
         panel.display = True
+        panel.remove_class("-failed")
+        self._panel_message = True
+        selected = self.selected
+        self._panel_about = about if about is not None else (selected.name if selected is not None else None)
         if error:
             panel.failed(model_ops.Problem("That did not work", text, None))
         else:
@@ -496,7 +517,10 @@ class ModelsScreen(Screen[ModelSource | None]):
     def _run(self, row: ModelRow | None, title: str, call: Any, *, done: Any, start: tuple[int, int | None] = (0, None)) -> None:
         panel = self.query_one(TransferPanel)
         panel.display = True
+        panel.remove_class("-failed")
         panel.start(title, *start)
+        self._panel_message = True
+        self._panel_about = row.name if row is not None else None
         self.task_row = row
         self.hub_task = start_hub_task(self, "models", call, progress=panel.show, done=done, failed=self._failed)
         self._buttons()
@@ -510,7 +534,9 @@ class ModelsScreen(Screen[ModelSource | None]):
                 result.path, result.name
         self.query_one(TransferPanel).finished(text)
         self.hub_task = None
-        self.refresh_rows(keep=name if self.task_row is None or self.task_row.entry is None else self.task_row.name)
+        keep = name if self.task_row is None or self.task_row.entry is None else self.task_row.name
+        self._panel_about = keep  # an import or a model from the HF cache is a row of its own now
+        self.refresh_rows(keep=keep)
         if self._then_use:
             self._then_use = False
             self.switch_to(path, self.task_row.title if self.task_row else name)
@@ -523,6 +549,7 @@ class ModelsScreen(Screen[ModelSource | None]):
             panel.paused(exc, resume_word="Pull")
         else:
             panel.failed(problem)
+            panel.add_class("-failed")
         then_use, self._then_use = self._then_use, False
         row = self.task_row
         self.refresh_rows()

@@ -5,6 +5,11 @@ value (over the config file's [sampler] table). Saving stores only values that d
 defaults, so a chat keeps following the model where the user did not choose otherwise. "Reset"
 puts every field back to its default.
 
+The temperature rows follow the model's family: a masked-diffusion model samples at `temperature`;
+a DiffusionGemma (uniform-state, the bundled model too) never reads it while it denoises, its
+temperature anneals from t_max to t_min over each canvas's steps, so for it the form shows those two
+("Temp. start", "Temp. end") and what runs ("runs 0.8 → 0.4"), as the status line does.
+
 Fields are checked as they are typed: a field that is not a number, or that the engine's
 `resolve` refuses, says why in place of its "default: …" note, and Save refuses with the same
 message. The model is a path (typed, → completes) or chosen from the model picker (Choose…).
@@ -21,6 +26,7 @@ from typing import Any
 
 from dgchat.app.model_picker import ModelPicker
 from dgchat.app.paths import display_name
+from dgchat.app.sampler_text import annealed
 from dgchat.app.widgets.path_suggester import PathSuggester
 from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
 from dgchat.model_backend.errors import DgchatError
@@ -40,14 +46,19 @@ from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, TextArea
 
-# field -> (label, kind, help); kind: int | float | choice list
+# field -> (label, kind, help); kind: int | float | choice list. Every field a form can show; which
+# temperature fields it shows depends on the model (fields_for)
 FIELDS: dict[str, tuple[str, Any, str]] = {
     "steps": ("Steps", int, "per canvas"),
     "gen_length": ("Canvas length", int, "tokens denoised at once"),
     "block_length": ("Block length", int, "= canvas length: one block"),
     "algorithm": ("Algorithm", ALGORITHMS, "which positions go first"),
-    "threshold": ("Threshold", float, "commit all this sure"),
+    # Fast-dLLM parallel decoding: every position whose top token has at least this probability is
+    # committed in the same step
+    "threshold": ("Threshold", float, "commit every token at least this sure"),
     "temperature": ("Temperature", float, "0 = greedy"),
+    "t_max": ("Temp. start", float, "the first step's temperature"),
+    "t_min": ("Temp. end", float, ""),  # the hint says the schedule the fields make (_default_hint)
     "cache": ("Cache mode", CACHE_MODES, "KV reuse across steps"),
     "max_tokens": ("Max tokens", int, "longest answer"),
     "seed": ("Seed", int, "random seed"),
@@ -61,9 +72,28 @@ TAKES: dict[str, str] = {
     "block_length": f"a whole number, 1–{MAX_GEN_LENGTH} (blank: the default)",
     "threshold": "a number above 0, at most 1 (blank: the default)",
     "temperature": f"a number, 0–{MAX_SCALE:g} (0 = greedy)",
+    "t_max": f"a number above 0, at most {MAX_SCALE:g}",
+    "t_min": f"a number, 0–{MAX_SCALE:g}",
     "max_tokens": f"a whole number, 1–{MAX_TOKENS}",
     "seed": "a whole number, 0 or more",
 }
+
+
+ANNEALED_FIELDS = ("t_max", "t_min")
+
+
+def fields_for(annealed: bool) -> tuple[str, ...]:
+    """The sampler fields a form shows: with an annealed temperature (DiffusionGemma) t_max and
+    t_min in place of `temperature`, which such a model does not read while it denoises."""
+    shown: list[str] = []
+    for name in FIELDS:
+        if name in ANNEALED_FIELDS:
+            continue
+        if name == "temperature" and annealed:
+            shown.extend(ANNEALED_FIELDS)
+        else:
+            shown.append(name)
+    return tuple(shown)
 
 
 @dataclass(frozen=True)
@@ -181,8 +211,11 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
         resolve: Callable[[DiffusionParams], DiffusionParams],
         check_model: Callable[[str], str | None],
         default_model: Path | None = None,
+        annealed: bool = False,
     ) -> None:
+        """`annealed`: the model's temperature runs t_max → t_min (DiffusionGemma), see fields_for."""
         super().__init__(classes="dialog-screen")
+        self.fields = fields_for(annealed)
         self.chat_title = chat_title
         self.model = model
         self.default_model_name = default_model_name
@@ -196,7 +229,7 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
         self._error_model: str | None = None
 
     def compose(self) -> ComposeResult:
-        effective = self.defaults.updated(**{k: v for k, v in self.overrides.items() if k in FIELDS})
+        effective = self.defaults.updated(**{k: v for k, v in self.overrides.items() if k in self.fields})
         with Vertical(id="settings"):
             yield Label(f"Chat settings — {self.chat_title}", classes="settings--title", markup=False)
             with VerticalScroll(id="settings-scroll"):
@@ -209,7 +242,8 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
                 yield Label("System prompt / persona", id="label-system", classes="settings--label")
                 yield TextArea(self.system_prompt, id="field-system", soft_wrap=True, tab_behavior="focus")
                 with Grid(id="settings-grid"):
-                    for name, (label, kind, _help) in FIELDS.items():
+                    for name in self.fields:
+                        label, kind, _help = FIELDS[name]
                         yield Label(label, id=f"label-{name}", classes="settings--label")
                         value = getattr(effective, name)
                         if isinstance(kind, tuple):
@@ -233,9 +267,21 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
         self.query_one("#field-model", Input).focus()
 
     # -- hints ----------------------------------------------------------------------------------
-    def _default_hint(self, name: str) -> str:
+    def _default_hint(self, name: str, values: dict[str, Any] | None = None) -> str:
+        """"default: … · what the field does"; `values`: the form's values (None: not read yet)."""
         default = _fmt(getattr(self.defaults, name)) or "off"
+        if name == "t_min":
+            return f"default: {default} · runs {self._schedule(values)} over a canvas"
         return f"default: {default} · {FIELDS[name][2]}"
+
+    def _schedule(self, values: dict[str, Any] | None) -> str:
+        """The annealed temperature the form's values give, as the status line writes it."""
+        values = values or {}
+        t_max = values.get("t_max") if values.get("t_max") is not None else self.defaults.t_max
+        t_min = values.get("t_min") if values.get("t_min") is not None else self.defaults.t_min
+        if t_max is None or t_min is None:
+            return "the model's schedule"
+        return annealed(t_max, t_min)
 
     @staticmethod
     def _model_hint(value: str) -> str:
@@ -243,11 +289,11 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
             return "Blank: the default model. Choose… lists the installed ones; → completes a typed path."
         return f"This chat: {display_name(value.strip())}. Blank: the default model; Choose… lists the installed ones."
 
-    def _show_problems(self, problems: dict[str, str]) -> None:
-        for name in FIELDS:
+    def _show_problems(self, problems: dict[str, str], values: dict[str, Any] | None = None) -> None:
+        for name in self.fields:
             hint = self.query_one(f"#hint-{name}", Label)
             problem = problems.get(name)
-            hint.update(f"✗ {problem}" if problem else self._default_hint(name))
+            hint.update(f"✗ {problem}" if problem else self._default_hint(name, values))
             hint.set_class(problem is not None, "-invalid")
             field = self.query_one(f"#field-{name}")
             field.set_class(problem is not None, "-invalid")
@@ -269,7 +315,8 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
         values: dict[str, Any] = {}
         problems: dict[str, str] = {}
         first = ""
-        for name, (label, kind, _help) in FIELDS.items():
+        for name in self.fields:
+            label, kind, _help = FIELDS[name]
             if isinstance(kind, tuple):
                 chosen = self.query_one(f"#field-{name}", Select).value
                 values[name] = None if chosen is Select.NULL else chosen
@@ -294,12 +341,15 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
         return values, problems, first
 
     def _overrides(self, values: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in values.items() if v is not None and v != getattr(self.defaults, k)}
+        """The values that differ from the defaults as shown: a model file's float32 default (t_min
+        0.4000000059604645) reads "0.4" in its field, and leaving it there is no choice to save."""
+        return {k: v for k, v in values.items()
+                if v is not None and v != getattr(self.defaults, k) and _fmt(v) != _fmt(getattr(self.defaults, k))}
 
     def collect(self) -> ChatSettings:
         """The form as settings, validated; raises DgchatError naming the bad field."""
         values, problems, first = self._read()
-        self._show_problems(problems)
+        self._show_problems(problems, values)
         if first:
             raise DgchatError(first)
         model = self.query_one("#field-model", Input).value.strip() or None
@@ -312,7 +362,7 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
         return ChatSettings(model=model, system_prompt=system, params=self._overrides(values))
 
     def _first_invalid(self) -> None:
-        for name in ("model", *FIELDS):
+        for name in ("model", *self.fields):
             if self.query_one(f"#hint-{name}", Label).has_class("-invalid"):
                 self.query_one(f"#field-{name}").focus()
                 return
@@ -326,8 +376,8 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
                 if self._error_about == "model":
                     self._set_error("")
             return
-        _values, problems, first = self._read()
-        self._show_problems(problems)
+        values, problems, first = self._read()
+        self._show_problems(problems, values)
         if not first and self._error_about == "sampler":
             self._set_error("")
 
@@ -335,8 +385,8 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
         event.stop()
         if not self.is_mounted:
             return
-        _values, problems, _first = self._read()
-        self._show_problems(problems)
+        values, problems, _first = self._read()
+        self._show_problems(problems, values)
 
     def _show_model_problem(self, problem: str | None) -> None:
         hint = self.query_one("#hint-model", Label)
@@ -366,7 +416,8 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
         self.dismiss(settings)
 
     def action_reset(self) -> None:
-        for name, (_label, kind, _help) in FIELDS.items():
+        for name in self.fields:
+            kind = FIELDS[name][1]
             value = getattr(self.defaults, name)
             if isinstance(kind, tuple):
                 if value in kind:

@@ -39,6 +39,7 @@ import sqlite3
 import stat
 import threading
 import time
+import unicodedata
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ MAX_SEARCH_CHARS = 500  # a search is a few words; FTS5 query cost grows with th
 MAX_SEARCH_WORDS = 32
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
+_WORD = re.compile(r"[^\W_]+")  # letters and digits: what FTS5's unicode61 tokenizer keeps as a word
 
 
 class StoreError(DgchatError):
@@ -205,12 +207,25 @@ def clean_search(text: str) -> str:
 
 def fts_query(text: str) -> str | None:
     """User text -> an FTS5 query: every word must match, as a prefix; FTS syntax is not exposed
-    (each word is a quoted string, quotes removed)."""
-    words = [w.replace('"', "") for w in clean_search(text).split()]
+    (each word is a quoted string; a quote in it is a separator, like any other punctuation, so
+    `sir"king` is two words, not "sirking")."""
+    words = [w.replace('"', " ").strip() for w in clean_search(text).split()]
     words = [w for w in words if w][:MAX_SEARCH_WORDS]
     if not words:
         return None
     return " ".join(f'"{w}"*' for w in words)
+
+
+def fold(text: str) -> str:
+    """Text as search compares it: case folded and diacritics removed (FTS5's unicode61 tokenizer
+    with remove_diacritics does the same to messages), so café, CAFE and cafe are one word."""
+    decomposed = unicodedata.normalize("NFKD", text.casefold())
+    return "".join(c for c in decomposed if not unicodedata.combining(c))
+
+
+def search_words(text: str) -> list[str]:
+    """The words of a search, folded; punctuation separates words and is never part of one."""
+    return _WORD.findall(fold(clean_search(text)))[:MAX_SEARCH_WORDS]
 
 
 def _pid_of(meta: dict[str, Any]) -> int:
@@ -552,8 +567,9 @@ class Store:
 
     # -- search ---------------------------------------------------------------------------------
     def search(self, text: str, limit: int = 50) -> list[SearchHit]:
-        """Chats whose title contains the text and messages containing every word (as prefixes).
-        Raises SearchError (one line) for text that cannot be a search; never a raw SQLite error."""
+        """Chats whose title contains every word of the text and messages containing every word (as
+        prefixes), both ignoring case, diacritics and punctuation. Raises SearchError (one line) for
+        text that cannot be a search; never a raw SQLite error."""
         text = clean_search(text)
         if len(text) > MAX_SEARCH_CHARS:
             raise SearchError(f"search text is too long ({len(text):,} characters; at most {MAX_SEARCH_CHARS})")
@@ -561,13 +577,17 @@ class Store:
         if query is None:
             return []
         hits: list[SearchHit] = []
-        like = "%" + text.strip().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        # titles word by word, as the messages are: a title LIKE '%text%' on the whole text kept the
+        # punctuation, and `sir"` found no title "Good sir" that `sir` found
+        words = search_words(text)
         try:
-            for row in self._query(
-                "SELECT id, title FROM chats WHERE title LIKE ? ESCAPE '\\' ORDER BY updated_at DESC LIMIT ?",
-                (like, limit),
-            ):
-                hits.append(SearchHit(row["id"], row["title"], None, "title", row["title"]))
+            if words:
+                for row in self._query("SELECT id, title FROM chats ORDER BY updated_at DESC"):
+                    title = fold(row["title"])
+                    if all(w in title for w in words):
+                        hits.append(SearchHit(row["id"], row["title"], None, "title", row["title"]))
+                        if len(hits) >= limit:
+                            break
             rows = self._query(
                 f"SELECT m.id, m.chat_id, m.role, c.title, "
                 f"snippet(messages_fts, 0, '{HIGHLIGHT_START}', '{HIGHLIGHT_END}', '…', 10) AS snip "

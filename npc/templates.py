@@ -17,6 +17,12 @@ template's bytes whatever the tokenizer would have merged across a hole boundary
 text is assembled from the fixed strings themselves and the decoded hole tokens: fixed text comes
 back byte-identical by construction, and `plan_canvas` checks that the tokens the model sees
 spell those same bytes.
+
+Only the joins are normalised (`line_pieces`): a hole's text loses its whitespace on a side where
+the fixed text already has some (or where the line starts or ends), and a hole that says nothing
+between two spaces leaves one of them, so "The {___} spake" never reads "The  spake" (a hole of
+" king", with the leading space many tokenizers put on a word, or an end token that spells
+nothing). Fixed text is never changed elsewhere.
 """
 
 from __future__ import annotations
@@ -280,25 +286,59 @@ def plan_canvas(filled: FilledTemplate, lengths: Sequence[int], tokenizer: Token
     return CanvasPlan(filled, tuple(int(x) for x in lengths), tokens, np.concatenate(fixed), tuple(spans), end_token)
 
 
+_HSPACE = " \t"
+
+
+def line_pieces(parts: Sequence[str | Hole], hole_texts: Sequence[str]) -> list[tuple[str, int | None]]:
+    """The line as (text, hole index or None for fixed text), with the spacing at the joins
+    normalised (see the module's docstring): the one assembly of a line, for its text and for
+    showing the holes in it."""
+    pieces: list[tuple[str, int | None]] = []
+    written = ""  # the line so far
+
+    def after_space() -> bool:
+        return not written or written[-1].isspace()
+
+    for i, part in enumerate(parts):
+        nxt = parts[i + 1] if i + 1 < len(parts) else None
+        if isinstance(part, str):
+            text = part
+            if i > 0 and isinstance(parts[i - 1], Hole) and (not written or written[-1] in _HSPACE):
+                text = text.lstrip(_HSPACE)  # the hole before said nothing: one space, not two
+            pieces.append((text, None))
+        else:
+            text = hole_texts[part.index]
+            if after_space():
+                text = text.lstrip()
+            if nxt is None or (isinstance(nxt, str) and nxt[:1].isspace()):
+                text = text.rstrip()
+            pieces.append((text, part.index))
+        written += pieces[-1][0]
+    if parts and isinstance(parts[-1], Hole) and not pieces[-1][0]:
+        # the line ends in a hole that said nothing: no trailing space before it either
+        for k in range(len(pieces) - 2, -1, -1):
+            text, hole = pieces[k]
+            if text:
+                pieces[k] = (text.rstrip(_HSPACE) if hole is None else text.rstrip(), hole)
+                break
+    return pieces
+
+
 def read_canvas(plan: CanvasPlan, tokens: np.ndarray,
                 tokenizer: Tokenizer) -> tuple[str, list[str], list[tuple[int, int]]]:
     """(line text, text of each hole, character span of each hole in the line) from a finished canvas.
 
     Fixed parts are the template's own strings; holes are their tokens' bytes decoded as UTF-8
-    (control tokens such as an end token spell nothing)."""
+    (control tokens such as an end token spell nothing); the joins as `line_pieces` makes them."""
+    decoded = [tokenizer.bytes_of(tokens[s:e]).decode("utf-8", errors="replace") for s, e in plan.spans]
     out: list[str] = []
-    hole_texts: list[str] = []
-    char_spans: list[tuple[int, int]] = []
+    hole_texts = [""] * len(decoded)
+    char_spans = [(0, 0)] * len(decoded)
     at = 0
-    for part in plan.filled.parts:
-        if isinstance(part, str):
-            out.append(part)
-            at += len(part)
-        else:
-            s, e = plan.spans[part.index]
-            text = tokenizer.bytes_of(tokens[s:e]).decode("utf-8", errors="replace")
-            hole_texts.append(text)
-            char_spans.append((at, at + len(text)))
-            out.append(text)
-            at += len(text)
+    for text, hole in line_pieces(plan.filled.parts, decoded):
+        if hole is not None:
+            hole_texts[hole] = text
+            char_spans[hole] = (at, at + len(text))
+        out.append(text)
+        at += len(text)
     return "".join(out), hole_texts, char_spans

@@ -82,6 +82,33 @@ def test_the_remapping_example_uses_a_free_key():
     assert line in docs.split("\n[keys]", 1)[1].split("```", 1)[0]  # the config example
 
 
+@pytest.mark.parametrize("size", [(140, 40), (80, 24)])
+async def test_key_help_lines_up_its_columns_and_says_how_to_focus_a_message(home, llada_gguf, size):
+    """F1's groups were separate tables sized by their own rows: the action and id columns moved
+    from group to group. And the message keys (c, e, r, [ ]) act on a focused message, which F1
+    never said how to reach."""
+    from dgchat.app.help_modal import HelpModal
+
+    app = make_app(llada_gguf)
+    async with app.run_test(size=size) as pilot:
+        await pilot.press("f1")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpModal), what="the key help")
+        modal = app.screen
+        await pilot.pause()
+        starts: dict[str, set[int]] = {"action": set(), "id": set()}
+        tables = list(modal.query(".help--table"))
+        assert len(tables) == len(modal.rows) > 5
+        for table, (_group, rows) in zip(tables, modal.rows, strict=True):
+            binding_id, _key, description = rows[0]
+            first = table.render_line(0).text
+            starts["action"].add(first.index(description))
+            starts["id"].add(first.rindex(binding_id))
+        assert len(starts["action"]) == 1 and len(starts["id"]) == 1, starts
+        groups = [str(label.render()) for label in modal.query(".help--group")]
+        focused = next(g for g in groups if g.startswith("Focused message"))
+        assert "Shift+Tab" in focused and "click" in focused
+
+
 # -- model info and the status line ----------------------------------------------------------------
 
 def test_values_without_float_noise():
@@ -217,6 +244,72 @@ async def test_relaunch_opens_the_last_chat_unless_told_otherwise(home, llada_gg
         await pilot.pause()
         assert fresh.chat_screen.chat is None
         assert fresh.chat_screen.query(".conversation--hint")
+
+
+# -- the view stays at the latest message ----------------------------------------------------------
+
+def _long_chat(home: Path) -> int:
+    """A saved chat taller than the terminal, as the app leaves it: answers with their statistics
+    line, in Markdown (both laid out after the views are mounted)."""
+    meta = {"model": "tiny-llada.gguf", "stop_reason": "max_tokens", "params": {"gen_length": 32},
+            "stats": {"tokens": 256, "steps": 24, "canvases": 8, "elapsed_s": 0.8, "tokens_per_s": 315.7}}
+    with Store(home / "data" / "chats.db") as store:
+        chat = store.create_chat("long")
+        for i in range(5):
+            store.add_message(chat.id, "user", f"Question {i}: what news of the king?")
+            answer = store.begin_answer(chat.id, {"model": "tiny-llada.gguf"})
+            store.finish_answer(answer.id, "Ay, come,,,,", "done", meta)
+        store.set_setting("last_chat", chat.id)
+    return chat.id
+
+
+def _at_end(conversation) -> bool:
+    return conversation.max_scroll_y > 0 and conversation.scroll_y >= conversation.max_scroll_y
+
+
+async def _settle(pilot) -> None:
+    for _ in range(5):  # Markdown lays out over a few refreshes
+        await pilot.pause(0.05)
+
+
+async def test_a_reopened_chat_and_a_resize_keep_the_latest_message_in_view(home, llada_gguf):
+    chat_id = _long_chat(home)
+    app = make_app(llada_gguf)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = app.chat_screen
+        assert screen.chat is not None and screen.chat.id == chat_id
+        conversation = screen.query_one("#conversation")
+        await _settle(pilot)
+        assert _at_end(conversation), (conversation.scroll_y, conversation.max_scroll_y)
+        last = list(screen.query(".message"))[-1]
+        assert conversation.region.y <= last.region.y and last.region.bottom <= conversation.region.bottom
+        for size in ((140, 40), (60, 20), (80, 24)):
+            await pilot.resize_terminal(*size)
+            await _settle(pilot)
+            assert _at_end(conversation), (size, conversation.scroll_y, conversation.max_scroll_y)
+        # scrolled up by the user: a resize leaves the view where the user put it
+        conversation.scroll_home(animate=False)
+        await _settle(pilot)
+        await pilot.resize_terminal(100, 30)
+        await _settle(pilot)
+        assert conversation.scroll_y < conversation.max_scroll_y / 2
+        # back at the end (the user scrolled down to it): it follows again
+        conversation.scroll_end(animate=False)
+        await _settle(pilot)
+        await pilot.resize_terminal(70, 22)
+        await _settle(pilot)
+        assert _at_end(conversation)
+
+        # another chat opened from the sidebar shows its end too
+        other = app.store.create_chat("other")
+        for i in range(5):
+            app.store.add_message(other.id, "user", f"more {i}")
+            answer = app.store.begin_answer(other.id, {"model": "tiny-llada.gguf"})
+            app.store.finish_answer(answer.id, "\n\n".join(f"Paragraph {j} of answer {i}." for j in range(3)), "done",
+                                    {"model": "tiny-llada.gguf"})
+        screen.open_chat(other.id)
+        await _settle(pilot)
+        assert _at_end(conversation)
 
 
 # -- the conversation's token count -----------------------------------------------------------------

@@ -105,6 +105,52 @@ async def test_infill_accept_is_one_undoable_edit_and_keeps_the_rest_byte_identi
         await wait_for(pilot, lambda: path.read_text(encoding="utf-8") == editor.text, 5, "the autosave")
 
 
+def _status(screen) -> str:
+    return str(screen.query_one("#draft-status #status-text").render())
+
+
+async def test_the_status_follows_undo_and_says_a_fill_is_at_the_cursor(home, llada_gguf):
+    """After Ctrl+Z the status line still said "accepted"; it says what the document holds now.
+    Ctrl+R with nothing selected fills in at the cursor: the status line says so (it read
+    "Rewriting", as for a selection)."""
+    _draft(home)
+    app = make_app(llada_gguf)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await _open(pilot)
+        editor = screen.editor
+        _select(screen, *SPAN)
+        await _propose(pilot, screen)
+        assert _status(screen).startswith("Proposal · ")
+        await pilot.press("enter")
+        await pilot.pause()
+        accepted = editor.text
+        assert "accepted · Ctrl+Z undoes it" in _status(screen)
+        editor.focus()
+        await pilot.press("ctrl+z")
+        await pilot.pause()
+        assert editor.text == DOC
+        assert "accepted" not in _status(screen) and "undone · Ctrl+Y redoes it" in _status(screen)
+        await pilot.press("ctrl+y")
+        await pilot.pause()
+        assert editor.text == accepted and "accepted · Ctrl+Z undoes it" in _status(screen)
+        await pilot.press("x")  # typing after it: the note is about an earlier state now
+        await pilot.pause()
+        assert "accepted" not in _status(screen) and "undone" not in _status(screen)
+
+        # nothing selected: a fill at the cursor, said while it runs and once it is proposed
+        app.session.engine = gated = GatedEngine(app.session.engine, hold_at=2)
+        editor.move_cursor((0, 5))
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, gated.holding.is_set, what="the first steps")
+        await pilot.pause()
+        assert _status(screen).startswith("Filling in at the cursor"), _status(screen)
+        gated.release.set()
+        await wait_for(pilot, lambda: screen.proposal is not None and screen.proposal.text is not None
+                       and not screen.engine_busy, 30, "the proposal")
+        await pilot.pause()
+        assert _status(screen).startswith("Fill-in · ") and "Enter accept · Esc reject" in _status(screen)
+
+
 async def test_reject_and_stop_leave_the_document_unchanged(home, llada_gguf):
     _draft(home)
     app = make_app(llada_gguf)

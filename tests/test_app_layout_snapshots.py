@@ -261,6 +261,45 @@ async def test_ctrl_b_is_an_explicit_choice_that_holds_at_any_width(home):
         assert chat.query_one("#prompt").region.width >= 130
 
 
+async def test_a_sidebar_shown_on_a_narrow_terminal_lies_over_the_chat(home):
+    """Ctrl+B's sidebar at 60 columns took 28 of them from the conversation (a 32-column chat); below
+    NARROW_BELOW it lies over the chat instead, narrower, with the keys, and the chat keeps its width
+    underneath. Opening a chat from it puts it away again."""
+    chat_id = _conversation(home)
+    app = make_app(None, chat=chat_id)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await wait_model(pilot)
+        chat = app.chat_screen
+        sidebar, prompt = chat.query_one("#sidebar"), chat.query_one("#prompt")
+        conversation = chat.query_one("#conversation")
+        await pilot.press("ctrl+b", "ctrl+b")  # hidden, then shown again: the user's choice
+        await pilot.pause()
+        await pilot.resize_terminal(60, 20)
+        await pilot.pause(0.1)
+        assert sidebar.display and _on_screen(app, sidebar)  # the choice holds ...
+        assert sidebar.region.width <= 24
+        assert prompt.region.width >= 55 and conversation.region.width >= 58  # ... and the chat keeps its width
+        assert prompt.region.x == 0
+
+        # shown at that width: over the chat, with the keys; opening a chat puts it away
+        await pilot.press("ctrl+b")
+        await pilot.pause()
+        assert not sidebar.display
+        await pilot.press("ctrl+b")
+        await pilot.pause()
+        assert sidebar.display and chat.focused is chat.query_one("#chat-list")
+        assert prompt.region.width >= 55
+        await pilot.press("down", "enter")  # the other chat
+        await pilot.pause(0.1)
+        assert chat.chat is not None and chat.chat.title == "Market day"
+        assert not sidebar.display and chat.focused is prompt
+
+        # on a wide terminal the sidebar is beside the chat, as before
+        await pilot.resize_terminal(140, 40)
+        await pilot.pause(0.1)
+        assert sidebar.display and prompt.region.x >= sidebar.region.right
+
+
 async def test_screens_below_catch_up_with_a_resize(home):
     """A resize while a modal or a tool screen is on top reaches the chat when it comes back."""
     from dgchat.app.npc_screen import NpcScreen

@@ -317,3 +317,68 @@ async def test_the_screen_fits_the_terminal(env, hub, size):
             assert len(set(rendered)) == len(rendered)  # cut titles still tell the rows apart
         if size[0] < 70:
             assert "Where" not in [str(c.label) for c in table.columns.values()]
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens there once closed: connections are refused
+
+
+def _table_lines_up(table) -> None:
+    """Every column's header label is whole and starts where its cells start."""
+    widths = [c.get_render_width(table) for c in table.columns.values()]
+    header = table.render_line(0).text
+    x = 0
+    for column, width in zip(table.columns.values(), widths):
+        label = str(column.label)
+        assert header[x + 1:x + 1 + len(label)] == label, (header, label)  # 1: the cell padding
+        for row in range(table.row_count):
+            cell = str(table.get_row_at(row)[list(table.columns).index(column.key)])
+            line = table.render_line(row + 1).text
+            assert line[x + 1:x + 1 + len(cell)] == cell, (line, cell)
+        x += width
+
+
+@pytest.mark.parametrize("size", [(140, 40), (80, 24), (60, 20)])
+async def test_a_failed_pull_leaves_the_screen_whole_and_its_message_stays_with_its_row(env, monkeypatch, size):
+    """After a pull that failed for want of a network, the table is whole and lined up, the buttons
+    are on screen (the failure message took their rows at 80x24), and "No network connection" is
+    about that model: selecting another one does not show it there, coming back does."""
+    from textual.widgets import Button, DataTable, Footer
+
+    from dgchat.app.model_ops import TransferPanel
+
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    app = make_app(None)
+    async with app.run_test(size=size) as pilot:
+        await wait_model(pilot)
+        screen = await _open(pilot)
+        table = screen.query_one(DataTable)
+        _table_lines_up(table)
+        await _select(pilot, screen, DREAM_NAME)
+        await pilot.press("p")
+        await _confirm_download(pilot)
+        await wait_for(pilot, lambda: screen.hub_task is None and app.screen is screen, 30, "the failed pull")
+        await pilot.pause(0.2)
+        panel = screen.query_one(TransferPanel)
+        assert panel.display and panel.phase_text == "No network connection"
+        assert "could not reach the model hub" in panel_text(screen, "error")
+        _table_lines_up(table)
+        footer_top = screen.query_one(Footer).region.y
+        for button in screen.query("#models-buttons Button").results(Button):
+            if button.display:
+                assert button.region.bottom <= footer_top and button.content_region.height >= 1, (size, button)
+        assert screen.query_one("#models-detail-scroll").region.height >= 2
+
+        # another model: the message is not about it
+        await _select(pilot, screen, "dgchat-tiny-plays")
+        assert not panel.display
+        await _select(pilot, screen, "llada-8b-instruct-q4_k_m")
+        assert not panel.display
+        _table_lines_up(table)
+        # back on the model that failed: its message again
+        await _select(pilot, screen, DREAM_NAME)
+        assert panel.display and panel.phase_text == "No network connection"

@@ -250,6 +250,43 @@ async def test_variants_keep_reject_export_and_reproduce(home, llada_gguf, tmp_p
         assert all(len(v.tokens) <= 12 for v in free.variants)
 
 
+async def test_the_export_is_one_file_by_its_extension_as_the_docs_say(home, llada_gguf, tmp_path):
+    """README said Ctrl+S "exports the kept lines as JSON and CSV"; the dialog writes one file, in the
+    format its name asks for (as `dgchat npc --out` does). The docs now say what the app does."""
+    from dgchat.app.prompt_modal import PromptModal
+
+    (_cards_dir(home) / "guard.toml").write_text(GUARD, encoding="utf-8")
+    app = make_app(llada_gguf)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await _open(pilot)
+        await _set(pilot, screen, "npc-count", "1")
+        await _generate(pilot, screen)
+        screen.query_one("VariantView").focus()
+        await pilot.press("k")
+        folder = tmp_path / "exports"
+        written: set[str] = set()
+        for name in ("lines.csv", "lines.json"):
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: isinstance(app.screen, PromptModal))
+            help_text = str(app.screen.query_one(".dialog--help").render())
+            assert "JSON or CSV by the file's extension" in help_text
+            app.screen.query_one("#prompt-value").value = str(folder / name)
+            await pilot.press("enter")
+            await wait_for(pilot, (folder / name).exists)
+            written.add(name)
+            assert {p.name for p in folder.iterdir()} == written  # that one file, nothing beside it
+        assert json.loads((folder / "lines.json").read_text(encoding="utf-8"))["format"] == "dgchat-npc-lines"
+        assert read_csv_lines((folder / "lines.csv").read_text(encoding="utf-8"))[0]["character"] == "gate_guard"
+
+    root = Path(__file__).parents[1]
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    said = " ".join(readme.split("F3 opens the NPC workshop", 1)[1].split("F5 opens Drafting", 1)[0].split())
+    assert "Ctrl+S exports the kept lines as JSON or CSV (one file, by its extension)" in said
+    assert "JSON and CSV" not in readme
+    npc_doc = " ".join((root / "docs" / "NPC.md").read_text(encoding="utf-8").split())
+    assert "Ctrl+S exports the kept lines to one file: JSON or CSV by the file name's extension" in npc_doc
+
+
 async def test_variants_denoise_live_and_stop(home, llada_gguf):
     (_cards_dir(home) / "guard.toml").write_text(GUARD, encoding="utf-8")
     app = make_app(llada_gguf)

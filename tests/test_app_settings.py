@@ -131,6 +131,61 @@ async def test_letters_in_a_number_field_are_named_and_save_refuses(home, llada_
         assert app.store.get_chat(app.chat_screen.chat.id).params == {"gen_length": 64, "block_length": 32}
 
 
+async def test_threshold_says_what_it_does(home, llada_gguf):
+    """The hint read "commit all this sure"; it says what the value does now."""
+    app = make_app(llada_gguf)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_model(pilot)
+        modal = await _settings(pilot)
+        assert _text(modal.query_one("#hint-threshold")) == \
+            "default: off · commit every token at least this sure"
+
+
+async def test_temperature_shows_what_runs_for_each_family(home, llada_gguf):
+    """A masked model samples at `temperature`; a DiffusionGemma (the bundled model) never reads it:
+    its temperature anneals t_max → t_min over each canvas's steps (the status line's "T 0.8 → 0.4").
+    Settings used to show "Temperature 0 · default: 0 · 0 = greedy" for it."""
+    bundled = bundled_model_path()
+    assert bundled is not None
+    app = make_app(bundled)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_model(pilot)
+        modal = await _settings(pilot)
+        assert not modal.query("#field-temperature")
+        assert modal.query_one("#field-t_max").value == "0.8" and modal.query_one("#field-t_min").value == "0.4"
+        assert _text(modal.query_one("#label-t_max")) == "Temp. start"
+        assert _text(modal.query_one("#label-t_min")) == "Temp. end"
+        assert _text(modal.query_one("#hint-t_max")) == "default: 0.8 · the first step's temperature"
+        assert _text(modal.query_one("#hint-t_min")) == "default: 0.4 · runs 0.8 → 0.4 over a canvas"
+        # the hint follows the fields: what will run
+        modal.query_one("#field-t_max").value = "1"
+        await pilot.pause()
+        assert _text(modal.query_one("#hint-t_min")) == "default: 0.4 · runs 1 → 0.4 over a canvas"
+        # a rule between the two is named beside both
+        modal.query_one("#field-t_min").value = "2"
+        await pilot.pause()
+        for name in ("t_max", "t_min"):
+            assert _text(modal.query_one(f"#hint-{name}")).startswith("✗ need 0 <= t_min < t_max")
+        modal.query_one("#field-t_min").value = "0.4"
+        await pilot.pause()
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert not isinstance(app.screen, SettingsModal)
+        chat = app.store.get_chat(app.chat_screen.chat.id)
+        assert chat.params == {"t_max": 1.0}
+        # the status line and the settings agree on what runs
+        assert "T 1 → 0.4" in str(app.chat_screen.query_one("#status-text").render())
+        assert app.chat_screen.effective_params(app.session.engine).t_max == 1.0
+
+    masked = make_app(llada_gguf)
+    async with masked.run_test(size=SIZE) as pilot:
+        await wait_model(pilot)
+        modal = await _settings(pilot)
+        assert not modal.query("#field-t_max") and not modal.query("#field-t_min")
+        assert modal.query_one("#field-temperature").value == "0"
+        assert _text(modal.query_one("#hint-temperature")) == "default: 0 · 0 = greedy"
+
+
 @pytest.mark.parametrize("size", [(140, 40), (80, 24), (60, 20)])
 async def test_settings_fit_the_terminal(home, llada_gguf, size):
     app = make_app(llada_gguf)

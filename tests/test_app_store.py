@@ -105,6 +105,33 @@ def test_full_text_search(db):
         assert store.search("gryphon")[0].message_id == m.id
 
 
+def test_punctuation_in_a_search_never_drops_a_match(db):
+    """`sir"` found fewer chats than `sir`: titles were matched on the whole text, quote included,
+    while messages were matched word by word. Titles now match as messages do: every word of the
+    search (letters and digits; punctuation separates words), case and diacritics folded."""
+    with Store(db) as store:
+        titled = store.create_chat("Good sir, the gate")
+        store.add_message(titled.id, "user", "Open it")
+        spoken = store.create_chat("Night watch")
+        said = store.add_message(spoken.id, "user", "Good sir, the king spake")
+        accented = store.create_chat("Café du Roi")
+        store.add_message(accented.id, "user", "bread")
+
+        def found(text: str) -> list[tuple[int, int | None, str]]:
+            return [(h.chat_id, h.message_id, h.role) for h in store.search(text)]
+
+        plain = found("sir")
+        assert plain == [(titled.id, None, "title"), (spoken.id, said.id, "user")]
+        for text in ('sir"', '"sir"', "sir,", "(sir)", "sir!", "SIR?", "'sir'", "sir…", "«sir»"):
+            assert found(text) == plain, text
+        assert found("good, sir") == found("good sir") and len(found("good sir")) == 2
+        assert found("gate sir") == [(titled.id, None, "title")]  # every word, in any order
+        assert found("sir king") == [(spoken.id, said.id, "user")]
+        assert found("cafe roi") == [(accented.id, None, "title")]  # diacritics folded, as in messages
+        assert found("CAFÉ") == [(accented.id, None, "title")]
+        assert found('"') == [] and found("…") == []  # no word at all: nothing to find
+
+
 def test_prompt_history_and_settings(db):
     with Store(db) as store:
         chat = store.create_chat()

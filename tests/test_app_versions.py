@@ -154,3 +154,20 @@ async def test_search_hit_in_an_older_version_opens_that_version(home, llada_ggu
         assert app.store.messages(chat.id)[-1].id == old.id
         view = screen.view_for(old.id)
         assert app.focused is view and "‹ 1/2 ›" in _header(view)
+
+
+async def test_the_edit_dialog_names_the_keys_that_flip_back(home, llada_gguf):
+    """The help line's `[` and `]` are text, not Rich markup (which swallowed them: "Re-running
+    keeps the earlier version:  on the prompt flip back")."""
+    from dgchat.app.edit_modal import EditModal
+
+    app = make_app(llada_gguf)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_model(pilot)
+        await type_text(pilot, "tell me")
+        await pilot.press("enter")
+        await wait_idle(pilot)
+        await pilot.press("ctrl+g")
+        await wait_for(pilot, lambda: isinstance(app.screen, EditModal), what="the edit dialog")
+        help_text = str(app.screen.query_one(".dialog--help").render())
+        assert help_text == "Re-running keeps the earlier version: [ and ] on the prompt flip back."

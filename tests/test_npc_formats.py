@@ -128,6 +128,71 @@ def test_missing_variable_is_named() -> None:
         parse_template("Halt, {player}!").fill({"other": "x"})
 
 
+def _byte_tokenizer():
+    """A byte-level tokenizer: token b is byte b; 256 and up are control tokens that spell nothing
+    (an end token decoded in a hole)."""
+    import numpy as np
+
+    from dgchat.npc.templates import Tokenizer
+
+    return Tokenizer(lambda text: np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32),
+                     lambda token: b"" if token >= 256 else bytes([token]))
+
+
+def _read(source: str, holes: list[bytes | None], variables: dict | None = None):
+    """The line read back from a canvas whose holes hold `holes` (None: spells nothing)."""
+    import numpy as np
+
+    from dgchat.npc.templates import plan_canvas, read_canvas
+
+    tok = _byte_tokenizer()
+    filled = parse_template(source).fill(variables or {})
+    lengths = [max(1, len(h or b"")) for h in holes]
+    plan = plan_canvas(filled, lengths, tok, fill_token=0)
+    tokens = plan.tokens.copy()
+    for (start, end), hole in zip(plan.spans, holes, strict=True):
+        tokens[start:end] = list(hole) if hole else [256] * (end - start)
+    text, hole_texts, spans = read_canvas(plan, tokens, tok)
+    assert [text[a:b] for a, b in spans] == hole_texts  # the spans point at what each hole says
+    return text, hole_texts
+
+
+@pytest.mark.parametrize("source, holes, line", [
+    # the join of fixed text and a hole never doubles a space ("The  spake")
+    ("The {___} spake", [None], "The spake"),
+    ("The {___} spake", [b"  "], "The spake"),
+    ("The {___} spake", [b" king"], "The king spake"),
+    ("The {___} spake", [b"king "], "The king spake"),
+    ("The {___} spake", [b" old king "], "The old king spake"),
+    ("The {___} spake", [b"king"], "The king spake"),  # nothing to normalise
+    # a line's start and end take no whitespace from a hole
+    ("{___} after dark.", [b" Aye"], "Aye after dark."),
+    ("None may pass the {___}", [b" gate \n"], "None may pass the gate"),
+    # where the template has no space, a hole's own spacing is kept
+    ("x{___}y", [b" - "], "x - y"),
+    ("ga{___}te", [b"r"], "garte"),
+    ("Halt,{___}!", [b" traveller"], "Halt, traveller!"),
+    # the author's fixed text is kept as written, its own double spaces too
+    ("Halt,  {___}!", [b" you"], "Halt,  you!"),
+    ("{___:1}   {___:1}", [b" a ", b" b "], "a   b"),
+    ("line one\n{___} two", [b" word"], "line one\nword two"),
+    ("line one {___}\nline two", [None], "line one \nline two"),  # a newline is no double space
+    ("{___}{___} end", [b"one ", b" two "], "one two end"),
+    ("Halt, {___}{___}", [b"you ", None], "Halt, you"),
+    ("Halt, {___}", [None], "Halt,"),
+])
+def test_the_joins_of_a_template_line_never_double_a_space(source: str, holes: list, line: str) -> None:
+    text, _holes = _read(source, holes)
+    assert text == line
+
+
+def test_fixed_text_stays_as_written_away_from_the_joins() -> None:
+    source = "Ünïcödé – “quotes”  {___} — ‘single’ …  naïve {player}  東京 😀 "
+    text, holes = _read(source, [b" x "], {"player": "Zoë  🗡"})
+    assert text == "Ünïcödé – “quotes”  x — ‘single’ …  naïve Zoë  🗡  東京 😀 "
+    assert holes == ["x"]
+
+
 def test_banned_words_match_whole_words_in_generated_spans() -> None:
     banned = BannedWords(["gate", "Magic Sword"])
     assert banned.find("The GATE is shut") == "GATE"

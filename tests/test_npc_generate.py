@@ -19,7 +19,7 @@ from dgchat.npc.errors import MissingVariableError, NpcError, TemplateError
 from dgchat.npc.export import build_export, export_csv, export_json, load_schema, read_csv_lines, write_export
 from dgchat.npc.generator import RETRY_SEED_STRIDE, LineSpec, NpcGenerator
 from dgchat.npc.schema_check import schema_errors
-from dgchat.npc.templates import parse_template, plan_canvas
+from dgchat.npc.templates import line_pieces, parse_template, plan_canvas
 
 GUARD = parse_card({"id": "gate_guard", "name": "Captain Brann", "role": "the night captain",
                     "voice": "Gruff.", "examples": ["Move along."]})
@@ -64,19 +64,24 @@ def _check_byte_identity(generator: NpcGenerator, source: str, variables: dict, 
     v = batch.variants[0]
     filled = parse_template(source).fill(variables)
     fixed_parts = [p for p in filled.parts if isinstance(p, str)]
-    # the text: fixed parts verbatim, holes in between
-    at = 0
-    for part in filled.parts:
-        if isinstance(part, str):
-            assert v.text[at:at + len(part)] == part, (source, v.text)
-            at += len(part)
-        else:
-            at += len(v.holes[part.index].text)
-    assert at == len(v.text)
-    # the canvas the model saw and finished: every fixed run spells its bytes, untouched
+    # the canvas the model finished, and the line made of it: fixed parts as written, holes in
+    # between; only the spacing where the two meet is normalised (never a doubled space)
     plan = plan_canvas(filled, [h.tokens for h in v.holes], tok, fill_token=generator.engine.info.mask_token,
                        end_token=generator.end_token)
     final = np.array(v.tokens, dtype=np.int32)
+    decoded = [tok.bytes_of(final[s:e]).decode("utf-8", "replace") for s, e in plan.spans]
+    pieces = line_pieces(filled.parts, decoded)
+    assert "".join(text for text, _hole in pieces) == v.text
+    assert [h.text for h in v.holes] == [text for text, hole in pieces if hole is not None]
+    for (text, hole), part in zip(pieces, filled.parts, strict=True):
+        if hole is None:  # fixed text: as written, or without the spaces that met a hole's
+            assert text in (part, part.lstrip(" \t"), part.rstrip(" \t"), part.strip(" \t")), (source, v.text)
+        else:  # a hole: what it decoded to, less whitespace at its ends
+            assert text.strip() == decoded[hole].strip() and text in decoded[hole], (source, v.text)
+    shown = [text for text, _hole in pieces if text]
+    for left, right in zip(shown, shown[1:]):
+        assert not (left[-1] in " \t" and right[0] in " \t"), (source, v.text)  # no "The  spake"
+    # the canvas the model saw and finished: every fixed run spells its bytes, untouched
     np.testing.assert_array_equal(final[plan.fixed], plan.tokens[plan.fixed])
     assert not np.isin(final, generator.engine.info.mask_token).any()
     runs, start = [], None
@@ -87,8 +92,6 @@ def _check_byte_identity(generator: NpcGenerator, source: str, variables: dict, 
             runs.append(tok.bytes_of(final[start:i]))
             start = None
     assert runs == [p.encode("utf-8") for p in fixed_parts], source
-    hole_bytes = [tok.bytes_of(final[s:e]) for s, e in plan.spans]
-    assert [h.text for h in v.holes] == [b.decode("utf-8", "replace") for b in hole_bytes]
     assert final[-1] == generator.end_token
 
 

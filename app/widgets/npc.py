@@ -13,7 +13,7 @@ from dgchat.app.engine_protocol import Engine
 from dgchat.app.widgets.canvas import _PROGRESS, _VISIBLE_CONTROLS, LiveCanvas, _wrap
 from dgchat.npc.cards import CharacterCard
 from dgchat.npc.generator import LineBatch, LineVariant
-from dgchat.npc.templates import parse_template
+from dgchat.npc.templates import line_pieces, parse_template
 from rich.segment import Segment
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -39,11 +39,9 @@ def variant_content(batch: LineBatch, variant: LineVariant) -> Content:
         return Content(visible(variant.text) or "(empty)")
     filled = parse_template(spec.template).fill(spec.variables)
     parts: list[str | tuple[str, str]] = []
-    for part in filled.parts:
-        if isinstance(part, str):
-            parts.append(visible(part))
-        else:
-            parts.append((visible(variant.holes[part.index].text), "bold $accent underline"))
+    # the joins as the line was assembled (npc.templates.line_pieces): what is shown is variant.text
+    for text, hole in line_pieces(filled.parts, [h.text for h in variant.holes]):
+        parts.append(visible(text) if hole is None else (visible(text), "bold $accent underline"))
     return Content.assemble(*parts)
 
 

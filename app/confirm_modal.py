@@ -6,9 +6,17 @@ from typing import Literal
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
+
+
+class ConfirmBody(VerticalScroll):
+    """The question, scrolling when it is longer than a small terminal allows (the buttons stay on
+    screen: its max-height in dgchat.tcss); a tab stop only then."""
+
+    def allow_focus(self) -> bool:
+        return self.max_scroll_y > 0
 
 
 class ConfirmModal(ModalScreen[bool]):
@@ -29,7 +37,8 @@ class ConfirmModal(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Label(self.title_text, classes="dialog--title")
-            yield Static(self.message, markup=False, classes="dialog--body")
+            with ConfirmBody():
+                yield Static(self.message, markup=False, classes="dialog--body")
             with Horizontal(classes="dialog--buttons"):
                 yield Button(self.confirm_label, variant=self.confirm_variant, id="yes")
                 yield Button("Cancel", id="no")

@@ -1,6 +1,12 @@
 """What the first-run wizard and the Models screen share: the model manager and the machine, one
-hub call at a time in a worker thread with progress, the words for progress, fits and errors, the
-token dialog, and saving the default model to the config file.
+hub call at a time in a worker thread with progress, the words for progress, fits, answer times and
+errors, the question before a download, the token dialog, and saving the default model to the
+config file.
+
+This machine's speed (dgchat.hub.machine_profile) is read with the hardware in the detection
+worker; when it was never measured for this engine build, `start_profile_task` measures it once in
+another worker (a few seconds, then saved), so neither screen waits for it: the list shows answer
+times when the profile arrives. The predictions themselves come from the hub (ModelRow.speed).
 
 Hub calls (pull, import, verify, storing a token) block and may take minutes, so they run in a
 thread worker. Their progress callback is called in that thread; `HubTask` throttles it to ten
@@ -21,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dgchat.app.confirm_modal import ConfirmModal
 from dgchat.app.paths import short_path
 from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
 from dgchat.hub import (
@@ -36,7 +43,8 @@ from dgchat.hub import (
     VerificationError,
     detect_hardware,
 )
-from dgchat.hub.fit import Fit, FitEstimate
+from dgchat.hub.fit import TOO_SLOW, Fit, FitEstimate
+from dgchat.hub.machine_profile import MachineProfile
 from dgchat.hub.manager import ModelRow, PullResult
 from dgchat.hub.util import format_bytes
 from dgchat.model_backend.errors import DgchatError
@@ -76,6 +84,54 @@ def machine_as_detected(models_dir: Path) -> Hardware:
     return detect_hardware(models_dir, apply_saved=False)
 
 
+def saved_profile(threads: int | None) -> MachineProfile | None:
+    """This machine's speed as measured before (the user cache folder), or None when it never was
+    for this engine build and thread count. Reads a file and loads the engine library, so it runs
+    in the detection worker, never on the UI thread."""
+    from dgchat.hub.machine_profile import cached_profile
+
+    try:
+        return cached_profile(threads)
+    except (DgchatError, OSError):  # no engine: measuring says why, in words
+        return None
+
+
+def machine_and_profile(models_dir: Path, threads: int | None, *,
+                        as_detected: bool = False) -> tuple[Hardware, MachineProfile | None]:
+    """What the detection worker returns: the machine, and its saved speed profile if any (one
+    worker, so a screen lays out its list once, with answer times when they are known)."""
+    hw = machine_as_detected(models_dir) if as_detected else machine(models_dir)
+    return hw, saved_profile(threads)
+
+
+MEASURING = "Measuring how fast this machine runs models…"
+
+
+def measuring_text(fraction: float, what: str) -> str:
+    """'Measuring how fast this machine runs models… matrix products, q4_k — 40 %'"""
+    return f"{MEASURING} {what} — {round(100 * max(0.0, min(1.0, fraction)))}\u00a0%"  # no break before %
+
+
+def start_profile_task(node: Widget, threads: int | None, *, progress: Callable[[float, str], None],
+                       done: Callable[[MachineProfile], None], failed: Callable[[BaseException], None]) -> HubTask:
+    """Measure this machine's speed with the engine (dgchat.hub.machine_profile.ensure_profile: a few
+    seconds, saved for every later start) in a thread worker of `node`; `progress(fraction, what)`,
+    `done(profile)` and `failed(exc)` run on the UI thread. Closing the task stops the measurement
+    (ProfileCancelled; nothing is saved)."""
+
+    def call(on_progress: Callable[[Progress], None], cancel: threading.Event) -> MachineProfile:
+        from dgchat.hub.machine_profile import ensure_profile
+
+        # each part measured is its own "phase", so HubTask's throttle never drops a change of what
+        def report(fraction: float, what: str) -> None:
+            on_progress(Progress(phase=what, name=what, done=round(1000 * fraction), total=1000))
+
+        return ensure_profile(threads, progress=report, cancel=cancel)
+
+    return start_hub_task(node, "measure-machine", call, progress=lambda p: progress(p.done / 1000, p.phase),
+                          done=done, failed=failed)
+
+
 # -- words -----------------------------------------------------------------------------------------
 # Sizes are binary units everywhere (hub.util.format_bytes: KiB, MiB, GiB); fmt_size adds "≈" to an
 # approximate one. Nothing on these screens formats a size any other way.
@@ -113,14 +169,20 @@ BADGES: dict[Fit | str, tuple[str, str, str]] = {
     Fit.NONE: ("will not fit", "will not fit", "too big"),
     Fit.UNKNOWN: ("fit unknown", "fit unknown", "unknown"),
     "bundled": (BUNDLED_BADGE, "no download", "bundled"),
+    TOO_SLOW: (TOO_SLOW, TOO_SLOW, "too slow"),
 }
 NO_DISK = ("; not enough disk", "; no disk", "; no disk")
-FIT_STYLES = {Fit.VRAM: "bold green", Fit.RAM: "yellow", Fit.NONE: "red", Fit.UNKNOWN: "dim"}
+# "too slow here" in its own colour: not red (it would run), not yellow (it fits, and that is not the point)
+FIT_STYLES: dict[Fit | str, str] = {Fit.VRAM: "bold green", Fit.RAM: "yellow", Fit.NONE: "red", Fit.UNKNOWN: "dim",
+                                    TOO_SLOW: "medium_purple1"}
 
 
-def fit_text(fit: FitEstimate | None, *, bundled: bool = False, length: int = 0) -> str:
+def fit_text(fit: FitEstimate | None, *, bundled: bool = False, length: int = 0, too_slow: bool = False) -> str:
     """The fit badge; `length` 0 full words, 1 medium, 2 narrow. The bundled model ships with
-    dgchat and is tiny: its badge says that rather than where it would run."""
+    dgchat and is tiny: its badge says that rather than where it would run. A model that fits but
+    answers slower than the limit (`too_slow`) is "too slow here" whatever it is."""
+    if too_slow and fit is not None:
+        return BADGES[TOO_SLOW][length] + (NO_DISK[length] if fit.disk_ok is False else "")
     if bundled and (fit is None or fit.fit is not Fit.NONE):
         return BADGES["bundled"][length]
     if fit is None:
@@ -128,8 +190,34 @@ def fit_text(fit: FitEstimate | None, *, bundled: bool = False, length: int = 0)
     return BADGES[fit.fit][length] + (NO_DISK[length] if fit.disk_ok is False else "")
 
 
+def is_too_slow(row: ModelRow) -> bool:
+    """The hub's verdict (ModelRow.badge): it fits, but answers slower than the limit."""
+    return row.badge == TOO_SLOW
+
+
 def row_badge(row: ModelRow, length: int = 0) -> str:
-    return fit_text(row.fit, bundled=is_bundled(row), length=length)
+    return fit_text(row.fit, bundled=is_bundled(row), length=length, too_slow=is_too_slow(row))
+
+
+def row_style(row: ModelRow) -> str:
+    if is_too_slow(row):
+        return FIT_STYLES[TOO_SLOW]
+    if row.fit is None or is_bundled(row):
+        return "dim"
+    return FIT_STYLES.get(row.fit.fit, "")
+
+
+def answer_text(row: ModelRow, *, with_gpu: bool = True) -> str:
+    """The Answer column: the predicted time of a 256-token answer ("~3 s", "~13 min"), and with
+    `with_gpu`, where a GPU is here that this engine build cannot use, the time after rebuilding
+    ("~13 min · GPU ~1 s"); "-" where there is no prediction (it does not fit, or no profile)."""
+    speed = row.speed
+    if speed is None:
+        return "-"
+    text = speed.short()
+    if with_gpu and speed.after_rebuild is not None:
+        text += f" · GPU {speed.after_rebuild.per_answer()}"
+    return text
 
 
 def is_bundled(row: ModelRow) -> bool:
@@ -157,33 +245,39 @@ CELL_PADDING = 1  # DataTable's default, on each side of each column
 
 def fill_model_table(table: DataTable, rows: list[ModelRow], marks: list[str], width: int, *,
                      visible_rows: int) -> None:
-    """(Re)build `table` for `width` columns of room: the mark, the title, size, where and the fit
-    badge. As room shrinks the badge words get shorter, then the Where column goes (the detail
-    below the table says it too), then the titles are cut (keeping the quantization).
-    `visible_rows`: the rows the table's height shows (beyond them a 1-column scrollbar appears)."""
+    """(Re)build `table` for `width` columns of room: the mark, the title, size, where, the fit
+    badge and, when this machine's speed is known, the predicted answer time. As room shrinks the
+    answer loses its after-a-GPU-rebuild part, the badge words get shorter, then the Where column
+    goes (the detail below the table says both), then the titles are cut (keeping the
+    quantization). `visible_rows`: the rows the table's height shows (beyond them a 1-column
+    scrollbar appears)."""
     sizes = [fmt_size(r.size, r.size_exact) for r in rows]
     wheres = [where_text(r) for r in rows]
+    with_answer = any(r.speed is not None for r in rows)
     longest_title = max((len(r.title) for r in rows), default=5)
     scrollbar = 1 if len(rows) > visible_rows else 0
     room = width - scrollbar
 
-    def layout(length: int, with_where: bool) -> tuple[int, str]:
+    def layout(length: int, with_where: bool, with_gpu: bool) -> tuple[int, str]:
         fit_label = "Fit for this machine" if length == 0 else "Fit"
         badges = [len(row_badge(r, length)) for r in rows]
         cols = [1, max([len("Size"), *map(len, sizes)]), max([len(fit_label), *badges])]
         if with_where:
             cols.append(max([len("Where"), *map(len, wheres)]))
+        if with_answer:
+            cols.append(max([len("Answer"), *(len(answer_text(r, with_gpu=with_gpu)) for r in rows)]))
         used = sum(c + 2 * CELL_PADDING for c in cols) + 2 * CELL_PADDING
         return room - used, fit_label
 
-    chosen = (2, False)
-    for length, with_where in ((0, True), (1, True), (1, False), (2, False)):
-        title_room, _ = layout(length, with_where)
-        if title_room >= longest_title or (length, with_where) == (2, False):
-            chosen = (length, with_where)
+    steps = ((0, True, True), (1, True, True), (1, True, False), (1, False, False), (2, False, False))
+    chosen = steps[-1]
+    for step in steps:
+        title_room, _ = layout(*step)
+        if title_room >= longest_title:
+            chosen = step
             break
-    length, with_where = chosen
-    title_room, fit_label = layout(length, with_where)
+    length, with_where, with_gpu = chosen
+    title_room, fit_label = layout(*chosen)
     title_width = max(8, min(longest_title, title_room))
     table.clear(columns=True)
     table.add_column(" ", key="mark")
@@ -192,13 +286,17 @@ def fill_model_table(table: DataTable, rows: list[ModelRow], marks: list[str], w
     if with_where:
         table.add_column("Where", key="where")
     table.add_column(fit_label, key="fit")
+    if with_answer:
+        table.add_column("Answer", key="answer")
     for i, row in enumerate(rows):
-        fit = row.fit
-        style = FIT_STYLES.get(fit.fit, "") if fit is not None and not is_bundled(row) else "dim"
-        cells: list[Any] = [marks[i], fit_title(row.title, title_width), sizes[i]]
+        # Text, not str: a DataTable reads a str cell as Rich markup, and titles come from file names
+        cells: list[Any] = [Text(marks[i]), Text(fit_title(row.title, title_width)), Text(sizes[i])]
         if with_where:
-            cells.append(wheres[i])
-        cells.append(Text(row_badge(row, length), style=style))
+            cells.append(Text(wheres[i]))
+        cells.append(Text(row_badge(row, length), style=row_style(row)))
+        if with_answer:
+            slow = FIT_STYLES[TOO_SLOW] if is_too_slow(row) else ""
+            cells.append(Text(answer_text(row, with_gpu=with_gpu), style=slow))
         table.add_row(*cells, key=str(i))
 
 
@@ -213,14 +311,38 @@ def estimate_text(fit: FitEstimate) -> str:
             + (f"; {reason}" if reason else ""))
 
 
-def row_details(row: ModelRow, hw: Hardware | None = None, *, resume_word: str = "Pull") -> str:
-    """What a person needs to choose this row: what it is, where it comes from, will it fit.
-    `resume_word`: what the screen calls getting the model (the Models screen's Pull)."""
+def speed_lines(row: ModelRow, no_speed: str = "") -> list[str]:
+    """The prediction in words (dgchat.hub.fit.SpeedVerdict.text), what it is based on, the limit
+    when it is too slow, and the command that lets a GPU here run it. Without a prediction for a
+    model that fits, `no_speed` says why (not measured yet, the measurement failed)."""
+    speed = row.speed
+    if speed is None:
+        fits = row.fit is not None and row.fit.fit in (Fit.VRAM, Fit.RAM)
+        return [f"Speed: {no_speed}"] if fits and no_speed else []
+    lines = [f"Speed: {speed.text()}"]
+    basis = ("predicted from this machine's measured speed" if speed.prediction.basis == "measured"
+             else f"predicted: {speed.prediction.basis}")
+    if speed.after_rebuild is not None:
+        basis += f"; the GPU time {speed.after_rebuild.basis}"
+    lines.append(basis[0].upper() + basis[1:] + ".")
+    if speed.too_slow:
+        lines.append(f"Too slow here: over the {speed.limit_s:.0f} s a 256-token answer may take "
+                     "(answer_seconds_limit in the config).")
+    if speed.rebuild is not None:
+        lines.append(f"To use your GPU, rebuild the engine (in dgchat's source folder): {speed.rebuild}")
+    return lines
+
+
+def row_details(row: ModelRow, hw: Hardware | None = None, *, resume_word: str = "Pull", no_speed: str = "") -> str:
+    """What a person needs to choose this row: what it is, where it comes from, will it fit, how
+    fast it answers here. `resume_word`: what the screen calls getting the model (the Models
+    screen's Pull); `no_speed`: why there is no answer time (see speed_lines)."""
     lines = [f"{row.title} — {row_badge(row)}" + ("  ★ recommended" if row.recommended else "")]
     if row.description:
         lines.append(row.description)
     if row.fit is not None:
         lines.append("Memory: " + estimate_text(row.fit))
+    lines.extend(speed_lines(row, no_speed))
     if row.status in ("installed", "bundled") and row.path is not None:
         lines.append(f"On this machine: {short_path(row.path)}")
     elif row.status == "in HF cache":
@@ -246,8 +368,9 @@ def downloads(row: ModelRow) -> bool:
     return row.entry is not None and not row.entry.bundled and row.status in ("available", "partial", "missing")
 
 
-def download_question(row: ModelRow, hw: Hardware | None, models_dir: Path) -> str:
-    """The question before a download: the model, how much comes over the network, and the disk."""
+def download_question(row: ModelRow, hw: Hardware | None, models_dir: Path, *, no_speed: str = "") -> str:
+    """The question before a download: the model, how much comes over the network, the disk, and
+    how fast it will answer here (`no_speed`: why that is not known)."""
     assert row.entry is not None
     partial = row.partial
     if partial is not None and partial.total:
@@ -260,8 +383,24 @@ def download_question(row: ModelRow, hw: Hardware | None, models_dir: Path) -> s
     free = (f"{format_bytes(hw.disk_free)} free" if hw is not None and hw.disk_free is not None
             else "free space unknown")
     convert = " (the download and its converted copy)" if row.needs_convert else ""
+    speed = row.speed
+    if speed is not None:
+        answers = f"Answers here: {speed.text()}" + ("; too slow here" if speed.too_slow else "") + "."
+    elif row.fit is not None and row.fit.fit is Fit.NONE:
+        answers = "Answers here: not predicted, it will not fit in memory."
+    else:
+        answers = f"Answers here: {no_speed or 'unknown'}."
     return (f"{row.title}: {amount} from the Hugging Face hub ({row.entry.repo}).\n"
-            f"Disk: needs {format_bytes(need)}{convert} in {short_path(models_dir)}; {free} there.")
+            f"Disk: needs {format_bytes(need)}{convert} in {short_path(models_dir)}; {free} there.\n"
+            + answers)
+
+
+def download_confirm(row: ModelRow, hw: Hardware | None, models_dir: Path, *, then_use: bool = False,
+                     no_speed: str = "") -> ConfirmModal:
+    """The question the wizard and the Models screen ask before anything is downloaded."""
+    title = "Download and use this model?" if then_use else "Download this model?"
+    return ConfirmModal(title, download_question(row, hw, models_dir, no_speed=no_speed),
+                        confirm_label="Download", confirm_variant="primary")
 
 
 PHASES = {

@@ -1,14 +1,18 @@
 """The Models screen (F4, or Ctrl+P → model: manage models…): the same model manager as the wizard
 and `dgchat models`, from inside the app.
 
-Every catalog model with its fit badge for this machine, the installed and imported ones, and the
-runnable GGUFs in the Hugging Face cache. On the selected row: **Use** makes it the default model
+Every catalog model with its fit badge for this machine and its predicted answer time (from this
+machine's speed profile: the saved one, or measured once in a worker when the screen opens, the
+rows shown at once and their answer times when the measurement ends; "too slow here" over the
+config's answer_seconds_limit), the installed and imported ones, and the runnable GGUFs in the
+Hugging Face cache. On the selected row: **Use** makes it the default model
 (written to the config) and loads it, getting it first when needed; **Pull** gets it: downloads a
 catalog model (Cancel pauses, Pull again resumes) or adds one found in the Hugging Face cache;
 **Verify** re-hashes an installed file; **Remove** forgets a model and deletes the file when dgchat
 owns it (never a file in the HF cache or an imported original); **Import…** adds a GGUF from disk
 (a DiffusionGemma file in the upstream layout is converted). Only Pull, and Use on a model that is
-not here yet, go online, and only after a question naming the model, its size and the free disk.
+not here yet, go online, and only after a question naming the model, its size, the free disk and
+how fast it would answer here.
 
 When the app's model comes from a server (`dgchat --server URL`, or `[server] url` in config.toml),
 a line above the table names it ("Served by http://…: MODEL · live canvas / text only") with its
@@ -18,7 +22,8 @@ the model also removes `[server]` from the config (nothing changes silently).
 
 Keys and buttons are there only where they apply to the selected row (the bundled model has
 nothing to pull, verify or remove); a key pressed anyway says why it does not apply. The table
-fits its width: shorter badge words, then no Where column, then cut titles.
+fits its width: the answer time without its after-a-GPU-rebuild part, shorter badge words, then no
+Where column, then cut titles.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from dgchat.app.model_ops import (
 from dgchat.app.model_source import ModelSource, ServerSource
 from dgchat.app.prompt_modal import PromptModal
 from dgchat.hub import DownloadCancelled, Hardware, TokenRequiredError
+from dgchat.hub.machine_profile import MachineProfile
 from dgchat.hub.manager import ModelRow, PullResult
 from dgchat.hub.registry import InstalledModel
 from dgchat.hub.util import format_bytes
@@ -106,6 +112,8 @@ class ModelsScreen(Screen[ModelSource | None]):
     DEFAULT_CSS = """
     #models-main { height: 1fr; padding: 0 1; }
     #models-hw { color: $text-muted; margin-bottom: 1; }
+    #models-speed { color: $text-muted; margin-bottom: 1; }
+    #models-speed.-error { color: $error; }
     #models-table { height: auto; max-height: 15; margin-bottom: 1; scrollbar-size-vertical: 1; }  /* TABLE_ROWS + header */
     #models-detail-scroll { height: 1fr; min-height: 3; }
     #models-panel { margin-bottom: 1; }
@@ -121,6 +129,7 @@ class ModelsScreen(Screen[ModelSource | None]):
     /* a transfer that failed: its bar (stopped where it was) says nothing the message does not, and
        its row is what keeps the buttons on an 80x24 screen */
     #models-panel.-failed ProgressBar { display: none; }
+    ModelsScreen.-short #models-speed { margin: 0; }
     """
 
     BINDINGS = [
@@ -146,11 +155,15 @@ class ModelsScreen(Screen[ModelSource | None]):
         # that model is selected, so that "No network connection" is not read as another model's
         self._panel_message = False
         self._panel_about: str | None = None
+        self.profile: MachineProfile | None = None  # this machine's speed: answer times
+        self.profile_task: HubTask | None = None  # measuring it (the first time only)
+        self.profile_error = ""
 
     def compose(self) -> ComposeResult:
         yield Header(icon="≡")
         with Vertical(id="models-main"):
             yield Static("Looking at this machine…", id="models-hw", markup=False)
+            yield Static("", id="models-speed", markup=False)
             with Horizontal(id="models-server"):
                 yield Static("", id="models-server-text", markup=False)
                 yield Button("Use this server", id="m-server")
@@ -170,6 +183,7 @@ class ModelsScreen(Screen[ModelSource | None]):
     def on_mount(self) -> None:
         self.sub_title = "Models"
         self.query_one(TransferPanel).display = False
+        self.query_one("#models-speed").display = False
         self.app.session.watch(self, lambda _change: self._show_server())  # connected, failed, in use
         self._show_server()
         self._fit_to_size()
@@ -179,8 +193,8 @@ class ModelsScreen(Screen[ModelSource | None]):
             self.query_one("#models-hw", Static).update(f"The model catalog could not be read: {exc}")
             self._buttons()
             return
-        models_dir = self.mgr.models_dir
-        start_hub_task(self, "detect-hardware", lambda _p, _c: model_ops.machine(models_dir),
+        models_dir, threads = self.mgr.models_dir, self.app.config.n_threads
+        start_hub_task(self, "detect-hardware", lambda _p, _c: model_ops.machine_and_profile(models_dir, threads),
                        progress=lambda p: None, done=self._detected, failed=self._detect_failed)
         self._buttons()
 
@@ -204,11 +218,48 @@ class ModelsScreen(Screen[ModelSource | None]):
         """Columns the table has: the screen less #models-main's padding."""
         return max(20, self.app.size.width - 2)
 
-    def _detected(self, hw: Hardware) -> None:
-        self.hw = hw
+    def _detected(self, result: tuple[Hardware, MachineProfile | None]) -> None:
+        self.hw, self.profile = result
         self._fit_to_size()
         self.refresh_rows()
         self.query_one("#models-table", DataTable).focus()
+        if self.profile is None:  # never measured with this engine build: once, now, in a worker
+            self.profile_task = model_ops.start_profile_task(
+                self, self.app.config.n_threads, progress=self._measuring, done=self._measured,
+                failed=self._measure_failed)
+            self._speed_line(model_ops.measuring_text(0.0, "starting"))
+
+    def _speed_line(self, text: str, *, error: bool = False) -> None:
+        line = self.query_one("#models-speed", Static)
+        line.update(text)
+        line.display = bool(text)
+        line.set_class(error, "-error")
+
+    def _measuring(self, fraction: float, what: str) -> None:
+        self._speed_line(model_ops.measuring_text(fraction, what))
+
+    def _measured(self, profile: MachineProfile) -> None:
+        self.profile_task = None
+        self.profile = profile
+        self._speed_line("")
+        self.refresh_rows()
+
+    def _measure_failed(self, exc: BaseException) -> None:
+        from dgchat.hub.machine_profile import ProfileCancelled
+
+        self.profile_task = None
+        if isinstance(exc, ProfileCancelled):
+            return
+        self.profile_error = describe_problem(exc).message
+        self._speed_line(f"No answer times: this machine's speed could not be measured ({self.profile_error}).",
+                         error=True)
+        self._show_detail()
+
+    def no_speed(self) -> str:
+        """Why a model that fits has no answer time (model_ops.speed_lines)."""
+        if self.profile_task is not None and self.profile_task.running:
+            return "not known yet (measuring this machine, a few seconds)"
+        return "unknown (this machine's speed could not be measured)"
 
     def _detect_failed(self, exc: BaseException) -> None:
         self.query_one("#models-hw", Static).update(f"This machine could not be read: {describe_problem(exc).message}")
@@ -283,7 +334,7 @@ class ModelsScreen(Screen[ModelSource | None]):
         if keep is None and self.selected is not None:
             keep = self.selected.name
         try:
-            rows = self.mgr.listing(self.hw)
+            rows = self.mgr.listing(self.hw, profile=self.profile, limit_s=self.app.config.answer_seconds_limit)
         except DgchatError as exc:
             self._message(f"The model list could not be read: {exc}", error=True)
             return
@@ -325,8 +376,8 @@ class ModelsScreen(Screen[ModelSource | None]):
         else:
             cli = f"\nShell: dgchat models pull {row.name}" if row.entry is not None and not row.entry.bundled else ""
             using = row.path is not None and _resolved(row.path) == _resolved(self._in_use())
-            detail.update(model_ops.row_details(row, self.hw) + ("\n● in use (the default model)" if using else "")
-                          + cli)
+            detail.update(model_ops.row_details(row, self.hw, no_speed=self.no_speed())
+                          + ("\n● in use (the default model)" if using else "") + cli)
         self._panel_follows_selection()
         self._buttons()
 
@@ -490,11 +541,8 @@ class ModelsScreen(Screen[ModelSource | None]):
             if yes:
                 self._start_pull(row, then_use)
 
-        title = "Download and use this model?" if then_use else "Download this model?"
-        self.app.push_screen(
-            ConfirmModal(title, model_ops.download_question(row, self.hw, self.mgr.models_dir),
-                         confirm_label="Download", confirm_variant="primary"),
-            answer)
+        self.app.push_screen(model_ops.download_confirm(row, self.hw, self.mgr.models_dir, then_use=then_use,
+                                                        no_speed=self.no_speed()), answer)
 
     def _start_pull(self, row: ModelRow, then_use: bool) -> None:
         mgr = self.mgr
@@ -694,6 +742,8 @@ class ModelsScreen(Screen[ModelSource | None]):
     def on_unmount(self) -> None:
         if self.hub_task is not None:
             self.hub_task.close()
+        if self.profile_task is not None:  # stops the measurement; nothing half-measured is saved
+            self.profile_task.close()
 
 
 def _resolved(path: Path | str | ServerSource | None) -> Path | None:

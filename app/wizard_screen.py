@@ -2,15 +2,22 @@
 
     1 Welcome    what dgchat is, and the promise: after setup nothing leaves this machine
     2 Machine    cores, RAM, free disk, GPU offload, VRAM (dgchat.hub.detect_hardware); every value
-                 can be corrected and the correction is kept (hardware.toml)
-    3 Model      the catalog with fit badges and the estimate behind them, the recommendation
-                 preselected; the bundled model is always a choice; installed models and models in
+                 can be corrected and the correction is kept (hardware.toml); Enter in a field goes
+                 on. This machine's speed (dgchat.hub.machine_profile): the saved profile, or, the
+                 first time, a few seconds of measuring in a worker with its progress shown (the
+                 wizard stays usable; closing it stops the measurement). A GPU this engine build
+                 cannot use is named, with the command that rebuilds the engine for it.
+    3 Model      the catalog with fit badges, predicted answer times and the estimate behind them,
+                 the recommendation (by memory and speed: config answer_seconds_limit) preselected,
+                 with why, and which stronger models were passed over as too slow; the bundled
+                 model is always a choice; installed models and models in
                  the Hugging Face cache need no download. "Use a server…" opens a form instead (URL,
                  optional API key): the server's /v1/models is asked on a worker thread, and what it
                  serves (a dgchat server with the live canvas, or text only) is shown before the test
-    4 Download   bytes, speed and time left; Cancel keeps the partial file and Resume continues it
-                 (also after quitting); the sha256 result; a gated repo asks for a token; a
-                 DiffusionGemma file is converted with progress
+    4 Download   asked first (size, disk, free disk, predicted answer time: the Models screen's
+                 question); bytes, speed and time left; Cancel keeps the partial file and Resume
+                 continues it (also after quitting); the sha256 result; a gated repo asks for a
+                 token; a DiffusionGemma file is converted with progress
     5 Ready      the model loads and answers a short test on the live canvas; "Start chatting"
                  writes `default_model` to the config (so the wizard does not come back) and hands
                  the loaded model to the chat; for a server it writes `[server] url` instead (the
@@ -23,6 +30,11 @@ download page says "No network connection" and offers the bundled model, which n
 Run again later from the command palette (setup: run again, or setup: correct the hardware values,
 which opens at step 2): then "Close" leaves it without changing anything, and only "Start chatting"
 changes the default model.
+
+Small terminals: below NARROW columns the buttons take short labels and the steps line numbers the
+other steps only; below SHORT rows the buttons lose their borders and the model table shows fewer
+rows. The main button is docked at the right of the button bar, so it is on screen at any width,
+and every step's body scrolls.
 """
 
 from __future__ import annotations
@@ -48,12 +60,16 @@ from dgchat.app.session import Engine, JobDone, ModelChange, ModelSession
 from dgchat.app.widgets.canvas import LiveCanvas
 from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
 from dgchat.hub import DownloadCancelled, Hardware, HubError, TokenRequiredError
+from dgchat.hub.hardware import rebuild_command
+from dgchat.hub.machine_profile import MachineProfile, ProfileCancelled, summary
 from dgchat.hub.manager import ModelRow, PullResult
 from dgchat.hub.registry import InstalledModel
 from dgchat.hub.util import format_bytes
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.model_backend.params import DiffusionParams
+from rich.table import Table
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
@@ -98,6 +114,13 @@ HW_FIELDS = (
 WIZARD_MAX_WIDTH = 110  # #wizard's max-width in dgchat.tcss
 TABLE_INSET = 6  # #wizard's padding (2) + #wiz-body's border and padding (4)
 TABLE_ROWS = 10  # model rows #wiz-models shows before it scrolls (its max-height less the header)
+SHORT_TABLE_ROWS = 6  # the same below SHORT rows (WizardScreen.-short #wiz-models)
+NARROW = 90  # columns below which the buttons take their short labels
+SHORT = 28  # rows below which the buttons lose their borders and the table shows fewer rows
+# button -> its label below NARROW columns (the main button's labels are short already)
+SHORT_LABELS = {"Use a server…": "Server…", "Use the bundled model": "Bundled model",
+                "Choose another model": "Other model", "Run the test again": "Test again"}
+HW_LABEL_WIDTH = (14, 12)  # #hw-grid's first column (below NARROW columns): the speed rows line up with it
 
 
 def trial_params(engine: Engine, base: DiffusionParams) -> DiffusionParams:
@@ -131,7 +154,7 @@ def _size_text(value: int | None) -> str:
 class WizardScreen(Screen[None]):
     """Pushed over the chat screen by DgchatApp.first_run_screen(); dismissed into the chat."""
 
-    # the rest of its CSS is in dgchat.tcss ("first-run wizard")
+    # the rest of its CSS, and what changes on a small terminal (-narrow, -short), is in dgchat.tcss
     DEFAULT_CSS = """
     #wiz-models { scrollbar-size-vertical: 1; }
     #srv-grid { grid-size: 2; grid-columns: 10 1fr; grid-rows: 1; grid-gutter: 1 1; height: auto; margin-bottom: 1; }
@@ -173,6 +196,13 @@ class WizardScreen(Screen[None]):
         self.live: LiveView | None = None
         self._finish_when_done = False
         self._table_width = 0  # the width the model table was laid out for
+        # this machine's speed: the saved profile, or measured once in a worker
+        self.profile: MachineProfile | None = None
+        self.profile_state = "unknown"  # unknown | measuring | ready | failed | stopped
+        self.profile_error = ""
+        self.profile_task: HubTask | None = None
+        self.profile_progress: tuple[float, str] = (0.0, "")
+        self._auto_choice: str | None = None  # the row preselected as recommended (not the user's pick)
 
     # -- layout ---------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -200,11 +230,16 @@ class WizardScreen(Screen[None]):
                         yield Label("GPU offload", classes="hw--label")
                         yield Checkbox("offloads", id="hw-offload", compact=True)
                         yield Label("", id="hw-offload-note", classes="hw--note", markup=False)
+                    # a GPU this engine build cannot use: what to run (the whole width: it is long)
+                    yield Static("", id="hw-offload-help", markup=False)
+                    yield Static("", id="hw-speed", markup=False)
                     yield Static("", id="hw-notes", classes="wiz--muted", markup=False)
                     yield Static("", id="hw-error", classes="wiz--error", markup=False)
                 with Vertical(id="step-model", classes="wiz-step"):
                     yield Label("Choose a model", classes="wiz--h1")
-                    yield Static("", id="model-why", classes="wiz--muted", markup=False)
+                    with VerticalScroll(id="model-why-scroll", can_focus=False):
+                        yield Static("", id="model-why", classes="wiz--muted", markup=False)
+                        yield Static("", id="model-speed", classes="wiz--muted", markup=False)
                     yield DataTable(id="wiz-models", cursor_type="row", zebra_stripes=False)
                     with VerticalScroll(id="model-detail-scroll"):
                         yield Static("", id="model-detail", markup=False)
@@ -257,6 +292,7 @@ class WizardScreen(Screen[None]):
         self.live = LiveView(self, self._draw, lambda: self.generation.event if self.generation else None,
                              hz=self.app.config.refresh_hz)
         self.session.watch(self, self._model_changed)
+        self._fit_to_size()
         try:
             self.mgr = model_ops.make_manager()
         except DgchatError as exc:  # a broken catalog: setup cannot offer downloads
@@ -271,10 +307,13 @@ class WizardScreen(Screen[None]):
         if step == "hardware" and self.hw is None and not self.detecting:
             self._detect()
         elif step == "model":
+            self._ensure_profile()
             self._fill_models()
         elif step == "server":
             self._show_server_check()
         elif step == "ready":
+            # measuring beside the test would skew both: stopped (nothing saved; measured next time)
+            self._stop_measuring()
             self._enter_ready()
         self._nav()
         self.call_after_refresh(self._focus_step)
@@ -292,18 +331,45 @@ class WizardScreen(Screen[None]):
                 nxt.focus()
 
     def _show_steps(self) -> None:
+        """'✓ Welcome  ›  2 This machine  ›  3 Model …'; where that does not fit, only the current
+        step is named ('✓ 1 › 2 This machine › 3 › 4 › 5')."""
         current = STEPS.index("model" if self.step == "server" else self.step)
-        text = Text()
-        for i, step in enumerate(STEPS):
-            if i:
-                text.append("  ›  ", style="dim")
-            if i < current:
-                text.append(f"✓ {STEP_TITLES[step]}", style="dim")
-            elif i == current:
-                text.append(f"{i + 1} {STEP_TITLES[step]}", style="bold reverse")
-            else:
-                text.append(f"{i + 1} {STEP_TITLES[step]}", style="dim")
-        self.query_one("#wiz-steps", Static).update(text)
+
+        def line(short: bool) -> Text:
+            text = Text()
+            for i, step in enumerate(STEPS):
+                if i:
+                    text.append(" › " if short else "  ›  ", style="dim")
+                name = f"{i + 1}" if short and i != current else STEP_TITLES[step]
+                if i < current:
+                    text.append(f"✓ {name}", style="dim")
+                elif i == current:
+                    text.append(f"{i + 1} {name}", style="bold reverse")
+                else:
+                    text.append(name if short else f"{i + 1} {name}", style="dim")
+            return text
+
+        full = line(False)
+        room = min(self.app.size.width, WIZARD_MAX_WIDTH) - 4  # #wizard's and #wiz-steps' padding
+        self.query_one("#wiz-steps", Static).update(full if full.cell_len <= room else line(True))
+
+    def _fit_to_size(self) -> None:
+        """Short labels below NARROW columns, borderless buttons below SHORT rows (see the module
+        docstring); the main button is docked (dgchat.tcss) and needs nothing here."""
+        width, height = self.app.size
+        narrow, short = width < NARROW, height < SHORT
+        changed = narrow != self.has_class("-narrow") or short != self.has_class("-short")
+        self.set_class(narrow, "-narrow")
+        self.set_class(short, "-short")
+        for button in self.query("#wiz-nav Button").results(Button):
+            button.compact = short
+        if changed and self.is_mounted:
+            self._show_steps()
+            self._nav()
+            self._show_speed()
+
+    def _label(self, text: str) -> str:
+        return SHORT_LABELS.get(text, text) if self.has_class("-narrow") else text
 
     def _nav(self) -> None:
         """Which buttons the current step offers, and what they say."""
@@ -357,7 +423,15 @@ class WizardScreen(Screen[None]):
         nxt = self.query_one("#wiz-next", Button)
         nxt.label = label
         nxt.disabled = not enabled
-        self.query_one("#wiz-back", Button).label = back_label
+        self.query_one("#wiz-back", Button).label = self._label(back_label)
+        for wid, text in (("wiz-server", "Use a server…"), ("wiz-bundled", "Use the bundled model"),
+                          ("wiz-retest", "Run the test again")):
+            self.query_one(f"#{wid}", Button).label = self._label(text)
+        for button in self.query("#wiz-nav Button").results(Button):
+            # Textual keeps a button's width for its old label (the width is cached, a new label only
+            # repaints): measured again, so a longer label is never cut
+            button.clear_cached_dimensions()
+            button.refresh(layout=True)
 
     def _choose_label(self, row: ModelRow | None) -> tuple[str, bool]:
         if row is None:
@@ -448,9 +522,10 @@ class WizardScreen(Screen[None]):
         self.detecting = True
         self.query_one("#hw-notes", Static).update("Looking at this machine…")
         models_dir = self.mgr.models_dir
+        threads = self.app.config.n_threads
 
-        def call(_progress: Any, _cancel: threading.Event) -> Hardware:
-            return model_ops.machine_as_detected(models_dir) if as_detected else model_ops.machine(models_dir)
+        def call(_progress: Any, _cancel: threading.Event) -> tuple[Hardware, MachineProfile | None]:
+            return model_ops.machine_and_profile(models_dir, threads, as_detected=as_detected)
 
         start_hub_task(self, "detect-hardware", call, progress=lambda p: None, done=self._detected,
                        failed=self._detect_failed)
@@ -465,10 +540,14 @@ class WizardScreen(Screen[None]):
             self.query_one("#hw-error", Static).update(f"could not remove the saved corrections: {exc}")
         self._detect(as_detected=True)
 
-    def _detected(self, hw: Hardware) -> None:
+    def _detected(self, result: tuple[Hardware, MachineProfile | None]) -> None:
+        hw, profile = result
         self.detecting = False
         self.hw = hw
+        if profile is not None and self.profile is None:
+            self.profile, self.profile_state = profile, "ready"
         self._fill_hardware(hw)
+        self._ensure_profile()
         self._nav()
         if self.step == "hardware":
             self.query_one("#hw-cores", Input).focus()
@@ -501,12 +580,25 @@ class WizardScreen(Screen[None]):
         self.query_one("#hw-vram-note", Label).update(vram_note)
         box = self.query_one("#hw-offload", Checkbox)
         box.value = hw.gpu_offload
-        self.query_one("#hw-offload-note", Label).update(
-            "this llama.cpp build can offload layers to a GPU" if hw.gpu_offload
-            else "CPU only: this llama.cpp build does not offload to a GPU")
+        unused_gpu = hw.gpus[0] if hw.gpus and not hw.gpu_offload else None
+        if hw.gpu_offload:
+            offload = "this engine build offloads layers to the GPU"
+        elif unused_gpu is not None:
+            offload = "CPU only: this engine build cannot use the GPU"
+        else:
+            offload = "CPU only: this engine build does not offload to a GPU"
+        self.query_one("#hw-offload-note", Label).update(offload)
+        help_ = self.query_one("#hw-offload-help", Static)
+        help_.display = unused_gpu is not None
         notes = list(hw.notes)
+        if unused_gpu is not None:
+            help_.update(f"{unused_gpu.name} is here, but this engine build runs models on the CPU only. To let "
+                         f"dgchat use the GPU, rebuild the engine in dgchat's source folder:\n"
+                         f"{rebuild_command(unused_gpu.kind)}")
+            notes = [n for n in notes if not n.startswith("gpu_offload:")]  # the same, said above
         self.query_one("#hw-notes", Static).update("\n".join(notes))
         self.query_one("#hw-error", Static).update("")
+        self._show_speed()
 
     def _apply_hardware(self) -> bool:
         """Take the user's corrections (saved for next time); False with a message on a bad value."""
@@ -545,37 +637,136 @@ class WizardScreen(Screen[None]):
         self._fill_hardware(hw)
         return True
 
+    # -- 2b: this machine's speed ---------------------------------------------------------------
+    # The saved profile comes with the hardware (one detection worker). Without one, it is measured
+    # as soon as the machine step has the hardware, in its own worker: the wizard stays usable, the
+    # model step shows the list by memory until the profile arrives and then lists answer times.
+    def _ensure_profile(self) -> None:
+        if self.profile is not None or self.hw is None or self.profile_state == "failed":
+            return
+        if self.profile_task is not None and self.profile_task.running:
+            return
+        self.profile_state = "measuring"
+        self.profile_progress = (0.0, "starting")
+        self.profile_task = model_ops.start_profile_task(
+            self, self.app.config.n_threads, progress=self._measuring, done=self._measured,
+            failed=self._measure_failed)
+        self._show_speed()
+
+    def _stop_measuring(self) -> None:
+        if self.profile_task is not None and self.profile_task.running:
+            self.profile_task.close()
+            self.profile_task = None
+            self.profile_state = "stopped"
+
+    def _measuring(self, fraction: float, what: str) -> None:
+        self.profile_progress = (fraction, what)
+        self._show_speed()
+
+    def _measured(self, profile: MachineProfile) -> None:
+        self.profile_task = None
+        self.profile, self.profile_state = profile, "ready"
+        self._show_speed()
+        if self.step == "model":
+            self._fill_models()
+
+    def _measure_failed(self, exc: BaseException) -> None:
+        self.profile_task = None
+        if isinstance(exc, ProfileCancelled):
+            self.profile_state = "stopped"
+        else:
+            self.profile_state = "failed"
+            self.profile_error = describe_problem(exc).message
+        self._show_speed()
+        if self.step == "model":
+            self._fill_models()
+
+    def speed_status(self) -> str:
+        """One line on the measurement while there is no profile ("" once there is one)."""
+        state = self.profile_state
+        if state == "measuring":
+            return model_ops.measuring_text(*self.profile_progress)
+        if state == "failed":
+            return (f"This machine's speed could not be measured ({self.profile_error}); models are "
+                    "suggested by memory only.")
+        if state in ("unknown", "stopped") and self.profile is None:
+            return "This machine's speed is not measured yet; models are suggested by memory only."
+        return ""
+
+    def no_speed(self) -> str:
+        """Why a model that fits has no answer time (model_ops.speed_lines)."""
+        if self.profile_state == "measuring":
+            return "not known yet (measuring this machine, a few seconds)"
+        if self.profile_state == "failed":
+            return "unknown (this machine's speed could not be measured)"
+        return "unknown (this machine's speed is not measured)"
+
+    def _show_speed(self) -> None:
+        """The machine step's speed rows (dgchat.hub.machine_profile.summary) or the measurement's
+        progress, and the model step's status line."""
+        status = self.speed_status()
+        speed = self.query_one("#hw-speed", Static)
+        if self.profile is not None:
+            grid = Table.grid(padding=(0, 1))
+            grid.add_column(width=HW_LABEL_WIDTH[self.has_class("-narrow")], style="bold", no_wrap=True)
+            grid.add_column()
+            for label, value in summary(self.profile):
+                grid.add_row(Text(label), Text(value))  # the CPU's name is the system's text, never markup
+            speed.update(grid)
+        else:
+            speed.update(Text(status, style="red" if self.profile_state == "failed" else ""))
+        line = self.query_one("#model-speed", Static)
+        line.update(status)
+        line.display = bool(status)
+
     # -- 3: the model ---------------------------------------------------------------------------
     def _fill_models(self) -> None:
         table = self.query_one("#wiz-models", DataTable)
         table.clear()
         why = self.query_one("#model-why", Static)
+        limit = self.app.config.answer_seconds_limit
         try:
-            self.rows = self.mgr.listing(self.hw)
-            rec = self.mgr.recommend(self.hw) if self.hw is not None else None
+            self.rows = self.mgr.listing(self.hw, profile=self.profile, limit_s=limit)
+            rec = (self.mgr.recommend(self.hw, profile=self.profile, limit_s=limit)
+                   if self.hw is not None else None)
         except DgchatError as exc:
             self.rows = []
             why.update(f"The model list could not be read: {exc}")
             self.choice = None
             self._nav()
             return
-        why.update(f"★ {rec.entry.title} is recommended: {rec.reason}." if rec is not None else "")
+        if rec is None:
+            why.update("")
+        elif self.profile is None:
+            by_memory = ("speed unknown: this machine's speed could not be measured"
+                         if self.profile_state == "failed" else "by memory only until this machine's speed is measured")
+            why.update(f"★ {rec.entry.title} is recommended: {rec.reason}; {by_memory}.")
+        else:
+            why.update(f"★ {rec.entry.title} is recommended: {rec.reason}.")
+        self._show_speed()
         selected = 0
-        keep = self.choice.name if self.choice is not None else None
+        # the user's pick stays; a preselected recommendation follows the new one
+        keep = self.choice.name if self.choice is not None and self.choice.name != self._auto_choice else None
         for i, row in enumerate(self.rows):
             if (keep is not None and row.name == keep) or (keep is None and row.recommended):
                 selected = i
         self._table_width = self._table_room()
         model_ops.fill_model_table(table, self.rows, ["★" if r.recommended else "" for r in self.rows],
-                                   self._table_width, visible_rows=TABLE_ROWS)
+                                   self._table_width, visible_rows=self._table_rows())
         if self.rows:
             table.move_cursor(row=selected, animate=False)
             self._select(selected)
+            self._auto_choice = self.rows[selected].name if keep is None else self._auto_choice
 
     def _table_room(self) -> int:
         return max(20, min(self.app.size.width, WIZARD_MAX_WIDTH) - TABLE_INSET)
 
-    def on_resize(self, _event: Any) -> None:
+    def _table_rows(self) -> int:
+        return SHORT_TABLE_ROWS if self.app.size.height < SHORT else TABLE_ROWS
+
+    def on_resize(self, _event: events.Resize) -> None:
+        self._fit_to_size()
+        self._show_steps()
         if self.step == "model" and self.rows and self._table_width != self._table_room():
             self._fill_models()
 
@@ -592,7 +783,8 @@ class WizardScreen(Screen[None]):
 
     def _select(self, index: int) -> None:
         self.choice = self.rows[index]
-        self.query_one("#model-detail", Static).update(model_ops.row_details(self.choice, self.hw))
+        self.query_one("#model-detail", Static).update(
+            model_ops.row_details(self.choice, self.hw, no_speed=self.no_speed()))
         self._nav()
 
     def _bundled_row(self) -> ModelRow | None:
@@ -618,6 +810,19 @@ class WizardScreen(Screen[None]):
             return
         if row.entry is None and row.hf_cache is None:
             return
+        if model_ops.downloads(row) and self.mgr is not None:
+            # asked first, as the Models screen's Pull: size, disk, free disk, answer time
+            def answer(yes: bool | None) -> None:
+                if yes and self.step == "model":
+                    self._download(row)
+
+            self.app.push_screen(model_ops.download_confirm(row, self.hw, self.mgr.models_dir,
+                                                            no_speed=self.no_speed()), answer)
+            return
+        self._download(row)
+
+    def _download(self, row: ModelRow) -> None:
+        self.choice = row
         self.model_path = None
         self.download_state = "idle"
         self.go("download")
@@ -637,7 +842,9 @@ class WizardScreen(Screen[None]):
             self._nav()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
-        if event.input.id in ("srv-url", "srv-key"):
+        """Enter in a form field does what Next does: the server form checks, the machine step
+        applies the values typed (or says what is wrong with one) and goes on."""
+        if event.input.id in ("srv-url", "srv-key") or (event.input.id or "").startswith("hw-"):
             event.stop()
             self.action_next()
 
@@ -992,4 +1199,6 @@ class WizardScreen(Screen[None]):
             self.pull_task.close()
         if self.server_task is not None:
             self.server_task.close()
+        if self.profile_task is not None:  # stops the measurement; nothing half-measured is saved
+            self.profile_task.close()
         self._stop_test()

@@ -75,7 +75,9 @@ async def test_pull_pause_resume_verify_use_and_remove(env, hub):
         assert "8 CPU cores · 16.0 GiB RAM · 200.0 GiB free in ~/dgchat-home/data/models" in \
             str(screen.query_one("#models-hw").render())
         rows = {r.name: r for r in screen.rows}
-        assert rows[DREAM_NAME].status == "available" and rows[DREAM_NAME].recommended
+        # every catalog model this machine fits is too slow at the reference speed: the bundled one is recommended
+        assert rows[DREAM_NAME].status == "available" and not rows[DREAM_NAME].recommended
+        assert rows[DREAM_NAME].badge == "too slow here" and rows["dgchat-tiny-plays"].recommended
         assert rows["dgchat-tiny-plays"].status == "bundled"
         table = screen.query_one("#models-table")
         marks = [str(table.get_row_at(i)[0]) for i in range(len(screen.rows))]
@@ -198,7 +200,8 @@ def _notices(app) -> list[str]:
 
 async def test_a_download_is_asked_about_first_and_no_downloads_nothing(env, hub):
     """u on a catalog model that is not here, p, and both buttons: each asks, naming the model, its
-    size and the free disk; answering no downloads nothing (the hub sees no request)."""
+    size, the free disk and how fast it would answer here; answering no downloads nothing (the hub
+    sees no request)."""
     from dgchat.app.confirm_modal import ConfirmModal
 
     hub.add_file(*DREAM, model_bytes())
@@ -218,7 +221,9 @@ async def test_a_download_is_asked_about_first_and_no_downloads_nothing(env, hub
             body = str(modal.query_one(".dialog--body").render())
             assert body == ("Dream v0 Instruct 7B, Q4_K_M: ≈4.4 GiB to download from the Hugging Face hub "
                             "(bartowski/Dream-org_Dream-v0-Instruct-7B-GGUF).\n"
-                            "Disk: needs 4.4 GiB in ~/dgchat-home/data/models; 200.0 GiB free there."), body
+                            "Disk: needs 4.4 GiB in ~/dgchat-home/data/models; 200.0 GiB free there.\n"
+                            "Answers here: about 50 min per answer on this CPU (256 tokens, 0.09 tokens/s); too slow "
+                            "here."), body
             title = str(modal.query_one(".dialog--title").render())
             assert title == ("Download this model?" if how in ("p", "#m-pull") else "Download and use this model?")
             if how == "#m-pull":
@@ -382,3 +387,70 @@ async def test_a_failed_pull_leaves_the_screen_whole_and_its_message_stays_with_
         # back on the model that failed: its message again
         await _select(pilot, screen, DREAM_NAME)
         assert panel.display and panel.phase_text == "No network connection"
+
+
+async def test_answer_times_and_the_too_slow_badge(env, hub):
+    """The Answer column (the predicted time of a 256-token answer on the reference machine
+    profile), "too slow here" for a model that fits but answers slower than the limit, "-" where
+    nothing is predicted (it does not fit), and the detail's sentence and basis."""
+    from textual.widgets import DataTable
+
+    app = make_app(None)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_model(pilot)
+        screen = await _open(pilot)
+        table = screen.query_one(DataTable)
+        assert [str(c.label) for c in table.columns.values()][-2:] == ["Fit for this machine", "Answer"]
+        assert not screen.query_one("#models-speed").display  # the saved profile: nothing to measure
+
+        def cells(name: str) -> list[str]:
+            return [str(c) for c in table.get_row_at([r.name for r in screen.rows].index(name))]
+
+        assert cells(DREAM_NAME)[-2:] == ["too slow here", "~50 min"]
+        assert cells("diffusiongemma-26b-a4b-q8_0")[-2:] == ["will not fit", "-"]
+        bundled = next(r for r in screen.rows if r.name == "dgchat-tiny-plays")
+        assert cells("dgchat-tiny-plays")[-1] == bundled.speed.short() and not bundled.speed.too_slow
+        await _select(pilot, screen, DREAM_NAME)
+        detail = str(screen.query_one("#models-detail").render())
+        assert detail.startswith("Dream v0 Instruct 7B, Q4_K_M — too slow here\n")
+        assert ("Speed: about 50 min per answer on this CPU (256 tokens, 0.09 tokens/s)\n"
+                "Predicted from this machine's measured speed.\n"
+                "Too slow here: over the 90 s a 256-token answer may take (answer_seconds_limit in the config).") \
+            in detail
+    assert hub.log == []
+
+
+async def test_the_screen_measures_the_machine_when_no_profile_is_saved(env, monkeypatch):
+    """Never measured with this engine build: the rows come at once without answer times, a status
+    line shows the measurement's progress (in a worker: the screen stays usable), then the rows
+    get their answer times; the profile is saved, and the next opening measures nothing."""
+    from textual.widgets import DataTable
+
+    from dgchat.hub import machine_profile
+    from fixtures.wizard_harness import FakeMeasure
+
+    fake = FakeMeasure()
+    monkeypatch.setattr(machine_profile, "measure", fake)
+    machine_profile.profile_path().unlink()
+    app = make_app(None)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_model(pilot)
+        screen = await _open(pilot)
+        table = screen.query_one(DataTable)
+        line = screen.query_one("#models-speed")
+        await wait_for(pilot, lambda: "q4_k" in str(line.render()), what="the progress")
+        assert str(line.render()) == "Measuring how fast this machine runs models… matrix products, q4_k — 40\u00a0%"
+        assert line.display and "Answer" not in [str(c.label) for c in table.columns.values()]
+        await _select(pilot, screen, DREAM_NAME)  # usable meanwhile
+        assert "Speed: not known yet (measuring this machine, a few seconds)" in \
+            str(screen.query_one("#models-detail").render())
+        fake.release.set()
+        await wait_for(pilot, lambda: "Answer" in [str(c.label) for c in table.columns.values()],
+                       what="the answer times")
+        assert not line.display and screen.selected.name == DREAM_NAME  # the selection stays
+        assert "Speed: about 50 min per answer" in str(screen.query_one("#models-detail").render())
+        await pilot.press("escape")
+        await pilot.pause()
+        screen = await _open(pilot)
+        assert not screen.query_one("#models-speed").display
+    assert fake.calls == 1  # measured once, then reused

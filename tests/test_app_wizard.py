@@ -16,9 +16,11 @@ from fixtures.wizard_harness import (
     DREAM_NAME,
     GIB,
     SIZE,
+    download,
     first_run_home,
     panel_text,
     press,
+    select_row,
     to_model_step,
     wizard,
 )
@@ -72,15 +74,18 @@ async def test_download_pause_resume_test_and_chat(env, hub, hf_home):
         await wait_for(pilot, lambda: wiz.step == "model" and wiz.choice is not None)
         assert load_hardware_overrides() == {"ram_total": 12 * GIB}
         assert wiz.hw.ram_total == 12 * GIB
-        # the recommendation is preselected, with its stated estimate
-        assert wiz.choice.recommended and wiz.choice.name == DREAM_NAME
+        # the recommendation is preselected: at the reference machine's speed every catalog model
+        # that fits answers too slowly, so it is the bundled model (always a choice)
+        assert wiz.choice.recommended and wiz.choice.name == "dgchat-tiny-plays"
+        # Dream, chosen anyway, with its stated estimate and its predicted answer time
+        await select_row(pilot, wiz, DREAM_NAME)
         detail = str(wiz.query_one("#model-detail").render())
         assert "needs about" in detail and "KV cache" in detail and "10.2 GiB of RAM usable" in detail
+        assert "Speed: about 50 min per answer on this CPU (256 tokens, 0.09 tokens/s)" in detail
         assert wiz.query_one("#wiz-next").label.plain == "Download"
-        names = [r.name for r in wiz.rows]
-        assert "dgchat-tiny-plays" in names  # the bundled model is always a choice
 
-        await press(pilot, "#wiz-next")
+        question = await download(pilot)  # asked first, like the Models screen's Pull
+        assert "Answers here: about 50 min per answer on this CPU" in question
         assert wiz.step == "download"
         await wait_for(pilot, lambda: wiz.pull_task.last is not None and wiz.pull_task.last.done >= stall,
                        what="the stall")
@@ -138,8 +143,8 @@ async def test_gated_repo_asks_for_a_token_and_retries(env, hub, hf_home):
     app = make_app(None)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        wiz = await to_model_step(pilot)
-        await press(pilot, "#wiz-next")
+        wiz = await to_model_step(pilot, select=DREAM_NAME)
+        await download(pilot)
         await wait_for(pilot, lambda: isinstance(app.screen, TokenModal), what="the token dialog")
         await pilot.pause()
         assert wiz.download_state == "failed" and "is gated" in panel_text(wiz, "error")
@@ -200,8 +205,8 @@ async def test_failures_are_shown_clearly(env, hub, fault, monkeypatch):
     app = make_app(None)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        wiz = await to_model_step(pilot)
-        await press(pilot, "#wiz-next")
+        wiz = await to_model_step(pilot, select=DREAM_NAME)
+        await download(pilot)
         await wait_for(pilot, lambda: wiz.download_state == "failed", what="the failure")
         await pilot.pause()
         assert wiz.panel.phase_text == title
@@ -236,11 +241,11 @@ async def test_a_model_in_the_hf_cache_is_used_without_a_download(env, hub, hf_h
     app = make_app(None)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        wiz = await to_model_step(pilot)
-        assert wiz.choice.name == DREAM_NAME and wiz.choice.status == "in HF cache"
+        wiz = await to_model_step(pilot, select=DREAM_NAME)
+        assert wiz.choice.status == "in HF cache"
         assert "Found in your Hugging Face cache" in str(wiz.query_one("#model-detail").render())
         assert wiz.query_one("#wiz-next").label.plain == "Use it (no download)"
-        await press(pilot, "#wiz-next")
+        await press(pilot, "#wiz-next")  # nothing to download: no question
         await wait_for(pilot, lambda: wiz.download_state == "done")
         assert "without a download" in panel_text(wiz, "result")
         assert wiz.model_path == cached
@@ -313,25 +318,41 @@ def _step_text(wiz) -> str:
     return "\n".join([str(wiz.query_one("#model-why").render()), *cells, str(wiz.query_one("#model-detail").render())])
 
 
-async def test_the_recommendation_is_the_strongest_model_that_fits(env, hub):
-    """23.5 GiB of RAM, CPU only (the case of issue 16): DiffusionGemma 26B Q4_K_M needs 18.4 of the
-    20.0 GiB usable, so it fits and, being the strongest that fits, is the one starred; the wording
-    says what "fits" means. Sizes are in binary units only."""
+async def test_the_recommendation_is_the_strongest_model_that_fits(env, hub, monkeypatch):
+    """23.5 GiB of RAM, CPU only (the case of issue 16), and this machine's speed cannot be measured
+    (no saved profile, the engine fails): the wizard still works, by memory alone. DiffusionGemma
+    26B Q4_K_M needs 18.4 of the 20.0 GiB usable, so it fits and, being the strongest that fits,
+    is the one starred; the wording says what "fits" means, and that speed is unknown. Sizes are in
+    binary units only."""
     import re
 
-    from dgchat.hub import save_hardware_overrides
+    from dgchat.hub import machine_profile, save_hardware_overrides
+    from dgchat.model_backend.errors import DgchatError
 
+    def broken(*_a, **_k):
+        raise DgchatError("the engine could not start")
+
+    machine_profile.profile_path().unlink()
+    monkeypatch.setattr(machine_profile, "ensure_profile", broken)
     save_hardware_overrides({"ram_total": int(23.5 * GIB)})
     app = make_app(None)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         wiz = await to_model_step(pilot)
+        await wait_for(pilot, lambda: wiz.profile_state == "failed", what="the failed measurement")
+        await pilot.pause()
+        assert "This machine's speed could not be measured (the engine could not start)" in \
+            str(wiz.query_one("#model-speed").render())
         assert wiz.hw.ram_total == int(23.5 * GIB)  # the saved correction is what the wizard uses
         assert wiz.choice.name == DG_Q4 and wiz.choice.recommended
         assert [r.name for r in wiz.rows if r.recommended] == [DG_Q4]
         assert str(wiz.query_one("#model-why").render()) == (
             "★ DiffusionGemma 26B-A4B it, Q4_K_M is recommended: the strongest model that fits in RAM (it needs "
-            "18.4 GiB of the 20.0 GiB usable: 85% of the RAM, the rest stays free for the system).")
+            "18.4 GiB of the 20.0 GiB usable: 85% of the RAM, the rest stays free for the system); speed unknown: "
+            "this machine's speed could not be measured.")
+        assert "Answer" not in [str(c.label) for c in wiz.query_one("#wiz-models").columns.values()]
+        assert "Speed: unknown (this machine's speed could not be measured)" in \
+            str(wiz.query_one("#model-detail").render())
         text = _step_text(wiz)
         assert "≈15.7 GiB" in text and "≈4.4 GiB" in text
         assert not re.search(r"\d\s*(GB|MB|KB)\b", text), text  # one unit: GiB/MiB, never GB
@@ -355,8 +376,8 @@ async def test_no_network_offers_the_bundled_model(env, monkeypatch, where):
     app = make_app(None)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        wiz = await to_model_step(pilot)
-        await press(pilot, "#wiz-next")  # Download
+        wiz = await to_model_step(pilot, select=DREAM_NAME)
+        await download(pilot)
         await wait_for(pilot, lambda: wiz.download_state == "failed", what="the failure")
         await pilot.pause()
         assert wiz.panel.phase_text == "No network connection"

@@ -1,6 +1,7 @@
 """Snapshots (pytest-textual-snapshot) of each first-run wizard step and of the Models screen.
 
-Deterministic: fixed terminal size, fixed hardware (tests/fixtures/wizard_harness.py), HOME and
+Deterministic: fixed terminal size, fixed hardware (tests/fixtures/wizard_harness.py), the reference
+machine profile (answer times), HOME and
 DGCHAT_HOME under tmp_path (paths print as ~/…), the fixture model as the bundled one, downloads
 held at a fixed byte offset by the local hub (stall) with the on-screen progress set to fixed
 numbers, and the test generation held at a fixed step with fixed elapsed times (no clocks).
@@ -13,7 +14,16 @@ import pytest
 
 from fixtures.app_harness import FAST_SAMPLER, GatedEngine, make_app, wait_for
 from fixtures.hub_fixtures import hf_home, hub, model_bytes  # noqa: F401
-from fixtures.wizard_harness import DREAM, SIZE, first_run_home, press, to_model_step, wizard
+from fixtures.wizard_harness import (
+    DREAM,
+    DREAM_NAME,
+    SIZE,
+    download,
+    first_run_home,
+    press,
+    to_model_step,
+    wizard,
+)
 
 from dgchat.app import session as app_session
 from dgchat.hub import download as dl
@@ -48,9 +58,14 @@ async def _to_models(pilot):
     await to_model_step(pilot)
 
 
+async def _to_dream(pilot):
+    """The model step with Dream selected (the bundled model is the one recommended)."""
+    await to_model_step(pilot, select=DREAM_NAME)
+
+
 async def _start_download(pilot):
     wiz = wizard(pilot.app)
-    await press(pilot, "#wiz-next")
+    await download(pilot)
     await wait_for(pilot, lambda: wiz.pull_task is not None and wiz.pull_task.last is not None
                    and wiz.pull_task.last.done >= STALL, what="the stall")
     await pilot.pause(0.2)
@@ -86,13 +101,13 @@ def test_model_choice(snap_compare, env):
 def test_downloading(snap_compare, env, hub):
     hub.add_file(*DREAM, model_bytes()).stall_at = STALL
     assert snap_compare(make_app(None), terminal_size=SIZE,
-                        run_before=_steps(_to_models, _start_download, _fixed_progress))
+                        run_before=_steps(_to_dream, _start_download, _fixed_progress))
 
 
 def test_download_paused(snap_compare, env, hub):
     hub.add_file(*DREAM, model_bytes()).stall_at = STALL
     assert snap_compare(make_app(None), terminal_size=SIZE,
-                        run_before=_steps(_to_models, _start_download, _pause_download))
+                        run_before=_steps(_to_dream, _start_download, _pause_download))
 
 
 def test_download_failed(snap_compare, env, hub):
@@ -100,10 +115,10 @@ def test_download_failed(snap_compare, env, hub):
 
     async def failed(pilot):
         wiz = wizard(pilot.app)
-        await press(pilot, "#wiz-next")
+        await download(pilot)
         await wait_for(pilot, lambda: wiz.download_state == "failed")
 
-    assert snap_compare(make_app(None), terminal_size=SIZE, run_before=_steps(_to_models, failed))
+    assert snap_compare(make_app(None), terminal_size=SIZE, run_before=_steps(_to_dream, failed))
 
 
 def test_no_network_connection(snap_compare, env, monkeypatch):
@@ -116,10 +131,10 @@ def test_no_network_connection(snap_compare, env, monkeypatch):
 
     async def failed(pilot):
         wiz = wizard(pilot.app)
-        await press(pilot, "#wiz-next")
+        await download(pilot)
         await wait_for(pilot, lambda: wiz.download_state == "failed")
 
-    assert snap_compare(make_app(None), terminal_size=SIZE, run_before=_steps(_to_models, failed))
+    assert snap_compare(make_app(None), terminal_size=SIZE, run_before=_steps(_to_dream, failed))
 
 
 def test_token_prompt(snap_compare, env, hub):
@@ -129,10 +144,10 @@ def test_token_prompt(snap_compare, env, hub):
     async def asked(pilot):
         from dgchat.app.model_ops import TokenModal
 
-        await press(pilot, "#wiz-next")
+        await download(pilot)
         await wait_for(pilot, lambda: isinstance(pilot.app.screen, TokenModal))
 
-    assert snap_compare(make_app(None), terminal_size=SIZE, run_before=_steps(_to_models, asked))
+    assert snap_compare(make_app(None), terminal_size=SIZE, run_before=_steps(_to_dream, asked))
 
 
 def test_ready_live_test_generation(snap_compare, env, monkeypatch):
@@ -171,3 +186,48 @@ def test_models_screen(snap_compare, env):
         await pilot.pause()
 
     assert snap_compare(make_app(None), terminal_size=SIZE, run_before=_steps(open_models))
+
+
+# -- the speed of this machine, and small terminals (issue 29) -----------------------------------
+
+SMALL = [(80, 24), (60, 20)]
+SMALL_IDS = ["80x24", "60x20"]
+
+
+@pytest.mark.parametrize("size", SMALL, ids=SMALL_IDS)
+def test_hardware_small(snap_compare, env, size):
+    """The machine page at 80x24 and 60x20: the GPU-offload note whole, the buttons on screen."""
+    assert snap_compare(make_app(None), terminal_size=size, run_before=_steps(_to_hardware))
+
+
+@pytest.mark.parametrize("size", SMALL, ids=SMALL_IDS)
+def test_model_choice_small(snap_compare, env, size):
+    """The model step at 80x24 and 60x20, Dream selected: too slow here, its answer time, Download."""
+    assert snap_compare(make_app(None), terminal_size=size, run_before=_steps(_to_dream))
+
+
+def test_the_question_before_a_download(snap_compare, env):
+    """Download asks first: size, disk, free disk, answer time (the Models screen's question)."""
+    async def ask(pilot):
+        from dgchat.app.confirm_modal import ConfirmModal
+
+        await press(pilot, "#wiz-next")
+        await wait_for(pilot, lambda: isinstance(pilot.app.screen, ConfirmModal))
+
+    assert snap_compare(make_app(None), terminal_size=(60, 20), run_before=_steps(_to_dream, ask))
+
+
+def test_hardware_with_a_gpu_this_build_cannot_use(snap_compare, env, monkeypatch):
+    """A GPU is present, this engine build is CPU-only: the note and the exact rebuild command, at 80x24."""
+    from dataclasses import replace
+
+    from dgchat.app import model_ops
+    from dgchat.hub.hardware import GpuInfo
+    from fixtures.wizard_harness import GIB, fixed_hardware
+
+    def with_gpu(models_dir=None, **kwargs):
+        gpu = GpuInfo(name="NVIDIA GeForce RTX 4090", vram_total=24 * GIB, vram_free=23 * GIB, kind="nvidia")
+        return replace(fixed_hardware(models_dir, **kwargs), gpus=(gpu,), vram_total=24 * GIB, vram_free=23 * GIB)
+
+    monkeypatch.setattr(model_ops, "detect_hardware", with_gpu)
+    assert snap_compare(make_app(None), terminal_size=(80, 24), run_before=_steps(_to_hardware))

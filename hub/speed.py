@@ -289,14 +289,16 @@ class SpeedPrediction:
 
     def per_answer(self) -> str:
         """"~6 min" / "~4 s": the time of a 256-token answer, rounded the way people say it."""
-        return "~" + duration_words(self.seconds_per_answer)
+        words = duration_words(self.seconds_per_answer)
+        return words if words.startswith("<") else "~" + words
 
     def where(self) -> str:
         return {"cpu": "on this CPU", "gpu": "on the GPU", "gpu+cpu": "split between GPU and CPU"}[self.device]
 
     def sentence(self) -> str:
         """'about 6 min per answer on this CPU (256 tokens, 0.7 tokens/s)'"""
-        words = f"about {duration_words(self.seconds_per_answer)} per answer {self.where()}"
+        took = duration_words(self.seconds_per_answer)
+        words = f"{'under 1 s' if took.startswith('<') else 'about ' + took} per answer {self.where()}"
         return f"{words} ({self.answer_tokens} tokens, {rate_words(self.tokens_per_s)})"
 
 

@@ -68,28 +68,21 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 
-REFERENCE_PROFILE = Path(__file__).parent / "fixtures" / "machine_profile.json"
-
-
-@pytest.fixture(scope="session")
-def _engine_build_key() -> str:
-    from dgchat.model_backend.llamacpp import engine_build_key
-
-    return engine_build_key()
-
 
 @pytest.fixture(autouse=True)
-def _reference_machine_profile(_isolated_home: None, _engine_build_key: str) -> None:
-    """Every test sees the same machine profile (measured once on the project's 2-core machine,
-    tests/fixtures/machine_profile.json), saved as this engine build's: speed predictions and the
-    recommendations built on them are the same on every machine, and no test measures by accident.
-    Tests of the measurement itself delete it or point elsewhere."""
-    import json
+def _reference_machine_profile(_isolated_home: None, monkeypatch: pytest.MonkeyPatch,
+                               request: pytest.FixtureRequest) -> None:
+    """Every test sees the same machine profile (tests/fixtures/speed_profile.py); a test that sets
+    its own DGCHAT_HOME installs it there again. Measuring for real takes seconds: in this process
+    it fails loudly unless the test is marked `measures` (or replaces `measure` itself)."""
+    from fixtures.speed_profile import install_reference_profile
 
-    from dgchat.hub.machine_profile import default_threads, profile_path
+    from dgchat.hub import machine_profile
 
-    data = json.loads(REFERENCE_PROFILE.read_text())
-    data.update(build_key=_engine_build_key, threads=default_threads())
-    path = profile_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data))
+    install_reference_profile()
+    if request.node.get_closest_marker("measures") is None:
+        def refuse(*_args, **_kwargs):
+            raise AssertionError("this test measured the machine: install_reference_profile() after setting "
+                                 "DGCHAT_HOME, or mark it @pytest.mark.measures")
+
+        monkeypatch.setattr(machine_profile, "measure", refuse)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from dgchat.cli import main
+from fixtures.speed_profile import install_reference_profile
 from fixtures.hub_fixtures import hf_home, hub, model_bytes, model_file  # noqa: F401
 
 LLADA = ("mradermacher/LLaDA-8B-Instruct-GGUF", "LLaDA-8B-Instruct.Q4_K_M.gguf")
@@ -26,6 +27,7 @@ def env(hub, hf_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     home = tmp_path / "dgchat-home"
     monkeypatch.setenv("DGCHAT_HOME", str(home))
     monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+    install_reference_profile()  # `models list` predicts speeds: never measured in a test
     hub.add_file(*LLADA, model_bytes())
     return home
 

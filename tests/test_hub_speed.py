@@ -325,6 +325,7 @@ def test_cli_models_list_json_has_predictions(capsys: pytest.CaptureFixture) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.measures
 def test_measure_this_machine() -> None:
     """The real measurement (a few seconds): every figure positive and in a plausible range."""
     from dgchat.hub.machine_profile import MATMUL_TYPES, WIDTHS, measure

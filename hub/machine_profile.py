@@ -28,7 +28,8 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,6 +47,9 @@ WIDTHS = (1, 4, 16, 64, 256)
 # probe shapes
 PROBE_EMBD, PROBE_FF, PROBE_HEADS = 1024, 4096, 8
 NARROW_BYTES = 96 << 20  # the 1-token probe's weights: more than a CPU's last-level cache
+OUTPUT_VOCAB = 32_768  # the LM-head probe's vocabulary
+OUTPUT_TYPES = ("q6_k", "q8_0", "f16", "q4_k")  # what LM heads are stored as (others run as q8_0's)
+PROBE_VOCAB = 256  # the product probes' own small LM head
 HEAD_VOCAB, HEAD_EMBD, HEAD_ROWS, HEAD_TOP_K = 65_536, 256, 64, 256
 TINY_EMBD, TINY_LAYERS = 64, (1, 16)
 
@@ -74,30 +78,31 @@ class DeviceProfile:
     layer_token_s: float  # per layer and token of a tiny layer (row-wise work beyond the products)
     host_sampler: bool = False  # the engine has no diffusion head: statistics ran in numpy
     basis: str = "measured"  # "measured" | "estimated from published figures"
+    # the LM head's product, per type and rows: a tall matrix (the vocabulary) that llama.cpp keeps
+    # out of the CPU's repacked weight buffers, several times slower per weight than a layer's
+    output: dict[str, dict[int, float]] = field(default_factory=dict)
 
-    def tau(self, qtype: str, width: float) -> float:
-        """Seconds per weight of a `width`-token product with weights stored as `qtype`: linear
-        between the measured widths, beyond 256 tokens linear in the width (compute-bound)."""
-        table = self.matmul.get(_proxy_type(qtype)) or self.matmul["q8_0"]
+    def tau(self, qtype: str, width: float, *, output: bool = False) -> float:
+        """Seconds per weight of a `width`-token product with weights stored as `qtype` (`output`:
+        the LM head's): linear between the measured widths, beyond 256 tokens linear in the width
+        (compute-bound)."""
+        tables = self.output if output and self.output else self.matmul
+        table = tables.get(_proxy_type(qtype)) or tables.get("q8_0") or self.matmul["q8_0"]
         scale = 2.0 if qtype == "f32" and width < 4 else 1.0  # twice the bytes where memory decides
-        width = max(1.0, float(width))
-        pts = sorted(table.items())
-        for (w0, t0), (w1, t1) in zip(pts, pts[1:]):
-            if width <= w1:
-                return scale * (t0 + (t1 - t0) * (width - w0) / (w1 - w0))
-        (w0, t0), (w1, t1) = pts[-2], pts[-1]
-        return scale * t1 * width / w1
+        return scale * _interpolate(table, max(1.0, float(width)))
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["matmul"] = {t: {str(w): v for w, v in row.items()} for t, row in self.matmul.items()}
+        for key in ("matmul", "output"):
+            d[key] = {t: {str(w): v for w, v in row.items()} for t, row in getattr(self, key).items()}
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DeviceProfile:
         known = {f for f in cls.__dataclass_fields__}
         values = {k: v for k, v in d.items() if k in known}
-        values["matmul"] = {str(t): {int(w): float(v) for w, v in row.items()} for t, row in d["matmul"].items()}
+        for key in ("matmul", "output"):
+            values[key] = {str(t): {int(w): float(v) for w, v in row.items()} for t, row in d.get(key, {}).items()}
         for key in ("stats_s_per_logit", "topk_s_per_logit", "exact_s_per_mac", "decode_s", "layer_s",
                     "layer_token_s"):
             values[key] = float(values[key])
@@ -267,20 +272,25 @@ def _measure_device(folder: Path, kind: str, name: str, threads: int, progress: 
         progress(0.0, "fixed costs per decode and per layer")
     decode_s, layer_s, layer_token_s = _overheads(folder, threads, gpu_layers)
     matmul: dict[str, dict[int, float]] = {}
-    for i, qtype in enumerate(MATMUL_TYPES):
+    output: dict[str, dict[int, float]] = {}
+    for i, qtype in enumerate(sorted(MATMUL_TYPES, key=lambda q: q not in OUTPUT_TYPES)):
         _check(cancel)
         if progress is not None:
             progress((i + 1) / n_steps, f"matrix products, {qtype}")
         # the probe's cost besides products: a decode, and each layer's nodes (what scales with the
         # tokens, norms and attention, stays in: a real layer has them too)
         fixed = lambda n, n_layer: decode_s + n_layer * layer_s
-        matmul[qtype] = _matmul_timings(folder, qtype, threads, gpu_layers, fixed, cancel)
+        one_token = _one_token_timing(folder, qtype, threads, gpu_layers, fixed)
+        if qtype in OUTPUT_TYPES:
+            output[qtype] = _output_timings(folder, qtype, threads, gpu_layers, one_token, cancel)
+        head = output.get(qtype) or output.get("q8_0")
+        matmul[qtype] = {1: one_token, **_wide_timings(folder, qtype, threads, gpu_layers, fixed, head, cancel)}
     _check(cancel)
     if progress is not None:
         progress((len(MATMUL_TYPES) + 1) / n_steps, "the diffusion head over a large vocabulary")
     partial = DeviceProfile(kind=kind, name=name, threads=threads, matmul=matmul, stats_s_per_logit=0.0,
                             topk_s_per_logit=0.0, exact_s_per_mac=0.0, decode_s=decode_s, layer_s=layer_s,
-                            layer_token_s=layer_token_s)
+                            layer_token_s=layer_token_s, output=output)
     if llamacpp.engine_info().backend_sampler:
         stats, topk, exact = _head_costs(folder, threads, gpu_layers, partial)
         host = False
@@ -289,7 +299,7 @@ def _measure_device(folder: Path, kind: str, name: str, threads: int, progress: 
         host = True
     return DeviceProfile(kind=kind, name=name, threads=threads, matmul=matmul, stats_s_per_logit=stats,
                          topk_s_per_logit=topk, exact_s_per_mac=exact, decode_s=decode_s, layer_s=layer_s,
-                         layer_token_s=layer_token_s, host_sampler=host)
+                         layer_token_s=layer_token_s, host_sampler=host, output=output)
 
 
 # -- probe models ---------------------------------------------------------------------------------
@@ -371,12 +381,24 @@ def bytes_per_weight(qtype: str) -> float:
     return size / block
 
 
-def _open(path: Path, threads: int, gpu_layers: int, max_tokens: int):
+@contextmanager
+def _probe(path: Path, threads: int, gpu_layers: int, max_tokens: int) -> Iterator[Any]:
+    """A context on the probe file at `path` (decodes of up to `max_tokens` tokens); the file is
+    deleted afterwards, whatever happens."""
     from dgchat.model_backend import llamacpp
 
-    model = llamacpp.LlamaModel(path, n_gpu_layers=gpu_layers)
-    ctx = llamacpp.LlamaContext(model, n_ctx=max(512, max_tokens), max_tokens=max_tokens, n_threads=threads)
-    return model, ctx
+    try:
+        model = llamacpp.LlamaModel(path, n_gpu_layers=gpu_layers)
+        try:
+            ctx = llamacpp.LlamaContext(model, n_ctx=max(512, max_tokens), max_tokens=max_tokens, n_threads=threads)
+            try:
+                yield ctx
+            finally:
+                ctx.close()
+        finally:
+            model.close()
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def _decode_fn(ctx, n: int, vocab: int, **kw: Any) -> Callable[[], object]:
@@ -390,29 +412,65 @@ def _decode_fn(ctx, n: int, vocab: int, **kw: Any) -> Callable[[], object]:
     return run
 
 
-def _matmul_timings(folder: Path, qtype: str, threads: int, gpu_layers: int,
-                    fixed: Callable[[int, int], float], cancel: threading.Event | None) -> dict[int, float]:
-    """Seconds per weight at each width; `fixed(n, n_layer)` is the probe's cost besides its
-    products (from `_overheads`), taken out so the table holds products only."""
+def _one_token_timing(folder: Path, qtype: str, threads: int, gpu_layers: int,
+                      fixed: Callable[[int, int], float]) -> float:
+    """Seconds per weight of one token: every weight read once, from a probe larger than the last
+    level cache (up to 8 layers). `fixed(n, n_layer)`: the probe's cost besides its products."""
     per_layer = probe_layer_weights()
-    layers = max(1, min(8, -(-NARROW_BYTES // int(per_layer * bytes_per_weight(qtype)))))
+    n_layer = max(1, min(8, -(-NARROW_BYTES // int(per_layer * bytes_per_weight(qtype)))))
+    path = write_probe(folder / f"probe-{qtype}-{n_layer}.gguf", qtype=qtype, n_layer=n_layer, n_embd=PROBE_EMBD,
+                       n_ff=PROBE_FF, n_head=PROBE_HEADS, n_vocab=PROBE_VOCAB)
+    with _probe(path, threads, gpu_layers, 1) as ctx:
+        t = _timed(_decode_fn(ctx, 1, PROBE_VOCAB), reps=5)
+    return max(t - fixed(1, n_layer), 0.5 * t) / (n_layer * per_layer)
+
+
+def _wide_timings(folder: Path, qtype: str, threads: int, gpu_layers: int, fixed: Callable[[int, int], float],
+                  head: dict[int, float] | None, cancel: threading.Event | None) -> dict[int, float]:
+    """Seconds per weight at 4-256 tokens on a 1-layer probe. Every row's logits are asked for:
+    llama.cpp runs the last layer's MLP only on the rows asked for, and here the whole layer must
+    run at the probe's width; the probe's small LM head (PROBE_VOCAB rows, `head` timings) is
+    taken out with the fixed costs."""
+    per_layer = probe_layer_weights()
+    widths = WIDTHS[1:]
+    path = write_probe(folder / f"probe-{qtype}-wide.gguf", qtype=qtype, n_layer=1, n_embd=PROBE_EMBD,
+                       n_ff=PROBE_FF, n_head=PROBE_HEADS, n_vocab=PROBE_VOCAB, output_type=qtype)
     out: dict[int, float] = {}
-    for n_layer, widths in ((layers, WIDTHS[:1]), (1, WIDTHS[1:])):
-        path = write_probe(folder / f"probe-{qtype}-{n_layer}.gguf", qtype=qtype, n_layer=n_layer, n_embd=PROBE_EMBD,
-                           n_ff=PROBE_FF, n_head=PROBE_HEADS, n_vocab=512)
-        try:
-            model, ctx = _open(path, threads, gpu_layers, max(widths))
-            try:
-                _decode_fn(ctx, max(widths), 512)()  # allocates the graph for the widest decode once
-                for n in widths:
-                    _check(cancel)
-                    t = _timed(_decode_fn(ctx, n, 512), reps=5 if n < 64 else 3, warm=n == 1)
-                    out[n] = max(t - fixed(n, n_layer), 0.5 * t) / (n_layer * per_layer)
-            finally:
-                ctx.close()
-                model.close()
-        finally:
-            path.unlink(missing_ok=True)
+    with _probe(path, threads, gpu_layers, max(widths)) as ctx:
+        for n in widths:
+            _check(cancel)
+            t = _timed(_decode_fn(ctx, n, PROBE_VOCAB, outputs=np.arange(n)), reps=5 if n < 64 else 2)
+            lm_head = PROBE_VOCAB * PROBE_EMBD * _interpolate(head, n) if head else 0.0
+            out[n] = max(t - fixed(n, 1) - lm_head, 0.5 * t) / per_layer
+    return out
+
+
+def _interpolate(table: dict[int, float], width: float) -> float:
+    """A timing table's value at `width`: linear between its widths, proportional beyond the last."""
+    pts = sorted(table.items())
+    for (w0, t0), (w1, t1) in zip(pts, pts[1:]):
+        if width <= w1:
+            return t0 + (t1 - t0) * (max(width, w0) - w0) / (w1 - w0)
+    return pts[-1][1] * width / pts[-1][0]
+
+
+def _output_timings(folder: Path, qtype: str, threads: int, gpu_layers: int, one_token: float,
+                    cancel: threading.Event | None) -> dict[int, float]:
+    """The LM head's product per weight at 1-256 rows, on a probe whose output matrix (OUTPUT_VOCAB
+    x PROBE_EMBD, `qtype`) outweighs its one small layer: decodes asking for n rows against the
+    same decodes asking for one. One row reads the matrix once, as a layer's one token does."""
+    path = write_probe(folder / f"probe-output-{qtype}.gguf", qtype="f16", n_layer=1, n_embd=PROBE_EMBD, n_ff=256,
+                       n_head=PROBE_HEADS, n_vocab=OUTPUT_VOCAB, output_type=qtype)
+    # (its one f16 layer of MLP width 256 runs its MLP on the rows asked for: 0.8 M weights beside
+    # the head's 33.5 M, left in)
+    weights = OUTPUT_VOCAB * PROBE_EMBD
+    out = {1: one_token}
+    with _probe(path, threads, gpu_layers, max(WIDTHS)) as ctx:
+        for n in WIDTHS[1:]:
+            _check(cancel)
+            one = _timed(_decode_fn(ctx, n, OUTPUT_VOCAB), reps=3 if n < 64 else 2)
+            rows = _timed(_decode_fn(ctx, n, OUTPUT_VOCAB, outputs=np.arange(n)), reps=3 if n < 64 else 2)
+            out[n] = max(rows - one + weights * one_token, weights * one_token) / weights
     return out
 
 
@@ -423,16 +481,9 @@ def _overheads(folder: Path, threads: int, gpu_layers: int) -> tuple[float, floa
     for n_layer in TINY_LAYERS:
         path = write_probe(folder / f"probe-tiny-{n_layer}.gguf", qtype="f16", n_layer=n_layer, n_embd=TINY_EMBD,
                            n_ff=2 * TINY_EMBD, n_head=2, n_vocab=256)
-        try:
-            model, ctx = _open(path, threads, gpu_layers, 64)
-            try:
-                for n in (64, 1):
-                    t[n_layer, n] = _timed(_decode_fn(ctx, n, 256), reps=7)
-            finally:
-                ctx.close()
-                model.close()
-        finally:
-            path.unlink(missing_ok=True)
+        with _probe(path, threads, gpu_layers, 64) as ctx:
+            for n in (64, 1):
+                t[n_layer, n] = _timed(_decode_fn(ctx, n, 256), reps=7)
     (l0, l1), dl = TINY_LAYERS, TINY_LAYERS[1] - TINY_LAYERS[0]
     layer_s = max(t[l1, 1] - t[l0, 1], 0.0) / dl
     layer_token_s = max((t[l1, 64] - t[l1, 1]) - (t[l0, 64] - t[l0, 1]), 0.0) / (dl * 63)
@@ -456,23 +507,16 @@ def _head_costs(folder: Path, threads: int, gpu_layers: int, partial: DeviceProf
     request = llamacpp.HeadRequest(inv_temp=np.ones(n, np.float32), uniform=rng.random(n, dtype=np.float32))
     with_signal = llamacpp.HeadRequest(inv_temp=request.inv_temp, uniform=request.uniform,
                                        sc_write=np.arange(2, n + 2, dtype=np.int32))
-    try:
-        model, ctx = _open(path, threads, gpu_layers, n)
-        try:
-            base = _timed(_decode_fn(ctx, n, v), reps=5)
-            ctx.configure_head(llamacpp.HeadSetup())
-            stats = _timed(_decode_fn(ctx, n, v, outputs=rows, head=request), reps=5)
-            ctx.configure_head(llamacpp.HeadSetup(self_conditioning=sc, n_slots=n + 2, soft_top_k=HEAD_TOP_K))
-            topk = _timed(_decode_fn(ctx, n, v, outputs=rows, head=with_signal), reps=5)
-            ctx.configure_head(llamacpp.HeadSetup(self_conditioning=sc, n_slots=n + 2, soft_top_k=0))
-            exact = _timed(_decode_fn(ctx, n, v, outputs=rows, head=with_signal), reps=5)
-        finally:
-            ctx.close()
-            model.close()
-    finally:
-        path.unlink(missing_ok=True)
+    with _probe(path, threads, gpu_layers, n) as ctx:
+        base = _timed(_decode_fn(ctx, n, v), reps=5)
+        ctx.configure_head(llamacpp.HeadSetup())
+        stats = _timed(_decode_fn(ctx, n, v, outputs=rows, head=request), reps=5)
+        ctx.configure_head(llamacpp.HeadSetup(self_conditioning=sc, n_slots=n + 2, soft_top_k=HEAD_TOP_K))
+        topk = _timed(_decode_fn(ctx, n, v, outputs=rows, head=with_signal), reps=5)
+        ctx.configure_head(llamacpp.HeadSetup(self_conditioning=sc, n_slots=n + 2, soft_top_k=0))
+        exact = _timed(_decode_fn(ctx, n, v, outputs=rows, head=with_signal), reps=5)
     logits = v * n
-    lm_head = v * d * partial.tau("f16", n)  # the output product the statistics' decode adds
+    lm_head = v * d * partial.tau("f16", n, output=True)  # the output product the statistics' decode adds
     mlp = 3 * d * d * partial.tau("f32", n)
     stats_s = max(stats - base - lm_head, 0.1 * (stats - base)) / logits
     topk_s = max(topk - stats - mlp, 0.0) / logits

@@ -12,8 +12,10 @@ One decode of n tokens on a device D costs
     D.decode_s + L * (D.layer_s + n * D.layer_token_s)                         fixed costs
   + sum over dense matrices          W * D.tau(type, n)                        products
   + sum over the experts of a layer  E_t * W_e * D.tau(type, n * k / E_t)      E_t = E * (1 - (1 - k/E)^n)
+    (the last layer's MLP and experts at the rows asked for instead of n: llama.cpp drops the other
+    rows before it)
   + L * 2 * ctx * n_head * head_dim * D.tau(f16, n)                            attention
-  + V * d * D.tau(output type, rows)                                           LM head, the rows asked for
+  + V * d * D.tau(output type, rows, output=True)                              LM head, the rows asked for
   + V * rows * D.stats_s_per_logit                                             the head's statistics
   + (DiffusionGemma) the soft embedding: V * d * rows * D.exact_s_per_mac, or on a CPU above 65,536
     tokens V * rows * D.topk_s_per_logit + 256 * d * rows * D.exact_s_per_mac; its MLP 3 * d * inter
@@ -67,9 +69,10 @@ class ModelShape:
     n_vocab: int
     n_head: int
     head_dim: int
-    dense: dict[str, int]  # storage type -> weights of every layer's matrices (attention, MLP, routers)
+    dense: dict[str, int]  # storage type -> weights of every layer's attention matrices (and other non-MLP ones)
     output: tuple[str, int]  # (storage type, weights) of the LM head (the token embedding when tied)
     expert: dict[str, int] = field(default_factory=dict)  # type -> weights of ONE expert, summed over layers
+    ffn: dict[str, int] = field(default_factory=dict)  # type -> weights of every layer's dense MLP and router
     n_expert: int = 0
     n_expert_used: int = 0
     self_cond_inter: int = 0  # DiffusionGemma's self-conditioning MLP width
@@ -79,12 +82,14 @@ class ModelShape:
 
     @property
     def total_weights(self) -> int:
-        return sum(self.dense.values()) + self.n_expert * sum(self.expert.values()) + self.output[1]
+        return (sum(self.dense.values()) + sum(self.ffn.values()) + self.n_expert * sum(self.expert.values())
+                + self.output[1])
 
     @property
     def active_weights(self) -> int:
         """Weights one token reads: dense matrices, its k experts, the LM head."""
-        return sum(self.dense.values()) + self.n_expert_used * sum(self.expert.values()) + self.output[1]
+        return (sum(self.dense.values()) + sum(self.ffn.values()) + self.n_expert_used * sum(self.expert.values())
+                + self.output[1])
 
     def experts_touched(self, n_tokens: float) -> float:
         """Expected distinct experts `n_tokens` tokens route to in one layer (k each, uniformly)."""
@@ -119,6 +124,7 @@ def shape_from_tensors(tensors: dict[str, tuple[tuple[int, ...], str]], keys: di
     (`embedding_length`, `attention.head_count`, `attention.key_length`, `block_count`,
     `expert_used_count`, `self_cond_inter`), as a GGUF header holds them."""
     dense: dict[str, int] = {}
+    ffn: dict[str, int] = {}
     expert: dict[str, int] = {}
     n_expert = 0
     for name, (shape, type_name) in tensors.items():
@@ -129,7 +135,8 @@ def shape_from_tensors(tensors: dict[str, tuple[tuple[int, ...], str]], keys: di
             n_expert = max(n_expert, int(shape[2]))
             expert[qtype] = expert.get(qtype, 0) + int(shape[0]) * int(shape[1])
         else:
-            dense[qtype] = dense.get(qtype, 0) + int(shape[0]) * int(shape[1])
+            table = ffn if ".ffn_" in name else dense
+            table[qtype] = table.get(qtype, 0) + int(shape[0]) * int(shape[1])
     n_embd = _num(keys.get("embedding_length"), 0)
     out = tensors.get("output.weight") or tensors.get("token_embd.weight")
     if out is not None and len(out[0]) >= 2:
@@ -141,7 +148,7 @@ def shape_from_tensors(tensors: dict[str, tuple[tuple[int, ...], str]], keys: di
     head_dim = _num(keys.get("attention.key_length"), 0) or (n_embd // n_head if n_embd else 128)
     return ModelShape(
         family=family, n_layer=max(_num(keys.get("block_count"), 1), 1), n_embd=n_embd, n_vocab=n_vocab,
-        n_head=n_head, head_dim=head_dim, dense=dense, output=output, expert=expert, n_expert=n_expert,
+        n_head=n_head, head_dim=head_dim, dense=dense, output=output, expert=expert, ffn=ffn, n_expert=n_expert,
         n_expert_used=min(_num(keys.get("expert_used_count"), 0), n_expert) if n_expert else 0,
         self_cond_inter=_num(keys.get("self_cond_inter"), 0), kv_memory=kv_memory, sampler=dict(sampler),
         typical_steps=typical_steps,
@@ -178,6 +185,7 @@ def shape_from_entry(entry: CatalogEntry) -> ModelShape:
     bulk, head_type, more_bits = _QUANT_MIX.get(quant, ("q8_0", "q8_0", None))
     n_swa = a.n_layer_swa if a.sliding_window else 0
     dense: dict[str, int] = {}
+    ffn: dict[str, int] = {}
     expert: dict[str, int] = {}
 
     def add(table: dict[str, int], qtype: str, n: int) -> None:
@@ -202,17 +210,17 @@ def shape_from_entry(entry: CatalogEntry) -> ModelShape:
         if not (full and n_swa and entry.family in ("diffusion_gemma", "tiny")):
             split(dense, layers * d * kv * head_dim)  # v (Gemma 4's full-attention layers use K as V)
         if a.n_ff:
-            add(dense, bulk, layers * 2 * d * a.n_ff)  # gate, up
-            split(dense, layers * d * a.n_ff)  # down
+            add(ffn, bulk, layers * 2 * d * a.n_ff)  # gate, up
+            split(ffn, layers * d * a.n_ff)  # down
         if a.n_expert:
-            add(dense, "f32", layers * d * a.n_expert)  # the router stays f32
+            add(ffn, "f32", layers * d * a.n_expert)  # the router stays f32
     if a.n_expert:
         add(expert, bulk, a.n_layer * 2 * d * a.n_ff_expert)
         split(expert, a.n_layer * d * a.n_ff_expert)
     family = "diffusion_gemma" if entry.family in ("diffusion_gemma", "tiny") else "masked"
     return ModelShape(
         family=family, n_layer=a.n_layer, n_embd=d, n_vocab=a.n_vocab, n_head=a.n_head, head_dim=a.head_dim,
-        dense=dense, output=(head_type, a.n_vocab * d), expert=expert, n_expert=a.n_expert,
+        dense=dense, output=(head_type, a.n_vocab * d), expert=expert, ffn=ffn, n_expert=a.n_expert,
         n_expert_used=a.n_expert_used, self_cond_inter=a.self_cond_inter, kv_memory=family == "diffusion_gemma",
         sampler=dict(entry.sampler), typical_steps=entry.typical_steps,
     )
@@ -227,16 +235,20 @@ def decode_seconds(shape: ModelShape, dev: DeviceProfile, n_tokens: int, *, ctx:
     logits and `head` "none" (no statistics), "stats" (masked models, `--ar`) or "dg" (a
     DiffusionGemma decoder step: statistics and the self-conditioning soft embedding)."""
     n = max(1, n_tokens)
+    rows = max(1, rows)
     t = dev.decode_s + shape.n_layer * (dev.layer_s + n * dev.layer_token_s)
     t += sum(w * dev.tau(q, n) for q, w in shape.dense.items())
-    if shape.n_expert:
-        touched = shape.experts_touched(n)
-        per_expert = n * shape.n_expert_used / touched
-        t += sum(touched * w * dev.tau(q, per_expert) for q, w in shape.expert.items())
+    # llama.cpp runs the last layer's MLP only on the rows whose logits are asked for
+    last = 1.0 / shape.n_layer
+    for width, share in ((n, 1.0 - last), (min(rows, n), last)):
+        t += share * sum(w * dev.tau(q, width) for q, w in shape.ffn.items())
+        if shape.n_expert:
+            touched = shape.experts_touched(width)
+            per_expert = width * shape.n_expert_used / touched
+            t += share * sum(touched * w * dev.tau(q, per_expert) for q, w in shape.expert.items())
     t += shape.n_layer * 2 * ctx * shape.n_head * shape.head_dim * dev.tau("f16", n)
-    rows = max(1, rows)
     out_type, out_weights = shape.output
-    t += out_weights * dev.tau(out_type, rows)
+    t += out_weights * dev.tau(out_type, rows, output=True)
     if head == "none":
         return t
     logits = shape.n_vocab * rows

@@ -16,6 +16,7 @@ from fixtures.wizard_harness import (
     DREAM,
     DREAM_NAME,
     SIZE,
+    confirm_download,
     first_run_home,
     panel_text,
     press,
@@ -52,18 +53,6 @@ async def _select(pilot, screen: ModelsScreen, name: str) -> None:
     assert screen.selected.name == name
 
 
-async def _confirm_download(pilot) -> str:
-    """The question before a download is up: answer Download; returns its text."""
-    from dgchat.app.confirm_modal import ConfirmModal
-
-    await wait_for(pilot, lambda: isinstance(pilot.app.screen, ConfirmModal), what="the download question")
-    modal = pilot.app.screen
-    body = str(modal.query_one(".dialog--body").render())
-    assert modal.query_one("#yes").label.plain == "Download"
-    await press(pilot, "#yes")
-    return body
-
-
 async def test_pull_pause_resume_verify_use_and_remove(env, hub):
     f = hub.add_file(*DREAM, model_bytes())
     f.stall_at = 2_000_000
@@ -86,7 +75,7 @@ async def test_pull_pause_resume_verify_use_and_remove(env, hub):
         await _select(pilot, screen, DREAM_NAME)
         assert "Shell: dgchat models pull dream-v0-instruct-7b-q4_k_m" in str(screen.query_one("#models-detail").render())
         await pilot.press("p")
-        await _confirm_download(pilot)
+        await confirm_download(pilot)
         await wait_for(pilot, lambda: screen.hub_task is not None and screen.hub_task.last is not None
                        and screen.hub_task.last.done >= 2_000_000, what="the stall")
         assert screen.query_one("#m-cancel").display
@@ -100,7 +89,7 @@ async def test_pull_pause_resume_verify_use_and_remove(env, hub):
         f.stall_at = None
         hub.release_stall.set()
         await press(pilot, "#m-pull")
-        body = await _confirm_download(pilot)
+        body = await confirm_download(pilot)
         assert "2.3 MiB still to download (a paused download holds 1.9 MiB of 4.2 MiB)" in body
         await wait_for(pilot, lambda: screen.hub_task is None and screen.selected.status == "installed",
                        what="the resumed download")
@@ -365,7 +354,7 @@ async def test_a_failed_pull_leaves_the_screen_whole_and_its_message_stays_with_
         _table_lines_up(table)
         await _select(pilot, screen, DREAM_NAME)
         await pilot.press("p")
-        await _confirm_download(pilot)
+        await confirm_download(pilot)
         await wait_for(pilot, lambda: screen.hub_task is None and app.screen is screen, 30, "the failed pull")
         await pilot.pause(0.2)
         panel = screen.query_one(TransferPanel)

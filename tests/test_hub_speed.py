@@ -93,8 +93,15 @@ def test_decode_cost_terms() -> None:
     out = 6_400 * dev.tau("q8_0", 1)
     assert decode_seconds(moe, dev, 1, ctx=0, rows=1) - out == pytest.approx(8 * 10_000 * dev.tau("q8_0", 1))
     t = moe.experts_touched(256)
-    assert decode_seconds(moe, dev, 256, ctx=0, rows=1) - out == pytest.approx(
+    out256 = 6_400 * dev.tau("q8_0", 256)
+    assert decode_seconds(moe, dev, 256, ctx=0, rows=256) - out256 == pytest.approx(
         t * 10_000 * dev.tau("q8_0", 256 * 8 / t))
+    # llama.cpp runs the last layer's MLP on the rows asked for only: with one row of two layers',
+    # half of the MLP runs at 256 tokens and half at one
+    mlp = replace(shape, dense={}, ffn={"q8_0": 20_000})
+    assert decode_seconds(mlp, dev, 256, ctx=0, rows=1) - out == pytest.approx(
+        10_000 * dev.tau("q8_0", 256) + 10_000 * dev.tau("q8_0", 1))
+    assert decode_seconds(mlp, dev, 256, ctx=0, rows=256) - out256 == pytest.approx(20_000 * dev.tau("q8_0", 256))
     # attention: 2 * ctx * heads * head_dim per layer at the f16 rate
     assert decode_seconds(shape, dev, 32, ctx=100, rows=1) - one == pytest.approx(
         2 * 2 * 100 * 64 * dev.tau("f16", 32))
@@ -162,7 +169,8 @@ def test_shape_from_the_bundled_file() -> None:
     assert shape.sampler["gen_length"] == 32 and shape.sampler["steps"] == 24
     matrices = sum(math.prod(t.shape[:2]) for n, t in header.tensors.items() if n.startswith("blk.")
                    and len(t.shape) == 2)
-    assert sum(shape.dense.values()) == matrices
+    assert sum(shape.dense.values()) + sum(shape.ffn.values()) == matrices
+    assert sum(shape.ffn.values()) == 4 * (3 * 256 * 512 + 256 * 4)  # dense MLP and router of each layer
 
 
 def test_catalog_shapes_match_what_they_describe() -> None:
@@ -337,6 +345,8 @@ def test_measure_this_machine() -> None:
     for qtype, row in cpu.matmul.items():
         assert all(0 < v < 1e-6 for v in row.values()), qtype
         assert row[256] > row[1], qtype  # 256 tokens cost more than one per weight
+        head = cpu.output[qtype]
+        assert set(head) == set(WIDTHS) and all(0 < v < 1e-6 for v in head.values()) and head[256] > head[1]
     bandwidth = bytes_per_weight("q8_0") / cpu.matmul["q8_0"][1]
     assert 0.5e9 < bandwidth < 2e12
     assert cpu.stats_s_per_logit > 0 and cpu.exact_s_per_mac > 0

@@ -39,6 +39,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from bench_dg_fullshape import make_prompt  # noqa: E402
 from dgchat.hub.machine_profile import cached_profile, ensure_profile, write_probe  # noqa: E402
 from dgchat.hub.speed import predict, shape_from_header, shape_from_tensors  # noqa: E402
 from dgchat.model_backend.engine import DiffusionEngine  # noqa: E402
@@ -49,7 +50,6 @@ REPO = HERE.parent.parent
 BUNDLED = REPO / "assets" / "dgchat-tiny-plays.gguf"
 MASKED = REPO / "tests" / "models" / "dgchat-tiny-plays-masked.gguf"
 FIXED_STEPS = dict(early_stop=False, confidence_threshold=-1.0)  # every step runs (random weights)
-PROMPT_TEXT = "Halt, traveller! None may pass the gate after dark. The king sleeps and the guards are weary. "
 
 
 def final_of(events) -> FinalEvent:
@@ -136,7 +136,7 @@ def fullshape_rows(table: Table, dev, args) -> None:
             fs.write_fullshape_dg(path, n_layer=layers, qtype="q4_0")
         with DiffusionEngine.load(path, n_threads=args.threads) as engine:
             shape = shape_of(engine)
-            prompt = fs_prompt(engine, 64)
+            prompt = make_prompt(engine, 64)
             params = engine.resolve(DiffusionParams(steps=4, gen_length=256, max_tokens=256, seed=0, **FIXED_STEPS))
             final_of(engine.generate(prompt, replace(params, steps=1)))  # warm-up
             t0 = time.perf_counter()
@@ -166,15 +166,6 @@ def fullshape_rows(table: Table, dev, args) -> None:
     table.add("26B-A4B, 30 layers (extrapolated)", "a 256-token canvas, 4 steps", full[0], p30.seconds_per_answer)
     p30ar = predict(shape30, dev, prompt_tokens=64, answer_tokens=16)
     table.add("26B-A4B, 30 layers (extrapolated)", "--ar, 16 tokens", full[1], p30ar.ar_seconds_per_answer)
-
-
-def fs_prompt(engine: DiffusionEngine, n_tokens: int) -> np.ndarray:
-    text = PROMPT_TEXT
-    tokens = engine.encode(text)
-    while tokens.size < n_tokens:
-        text += PROMPT_TEXT
-        tokens = engine.encode(text)
-    return tokens[:n_tokens]
 
 
 def llada_rows(table: Table, dev, args) -> None:

@@ -511,7 +511,8 @@ class ChatScreen(Screen):
                 self.store.delete_message(replacing.id)  # nothing was decided: not worth a version
         self.generation = generation
         self._last_checkpoint = time.monotonic()
-        self.canvas = LiveCanvas(engine, id="live-canvas", classes="message -assistant -live")
+        self.canvas = LiveCanvas(engine, canvas_length=int(params.gen_length or 0), id="live-canvas",
+                                 classes="message -assistant -live")
         self.last_canvas = self.canvas  # kept after the answer ends (repaint counts for the benchmark)
         conversation = self.query_one("#conversation", VerticalScroll)
         conversation.mount(self.canvas)
@@ -529,7 +530,8 @@ class ChatScreen(Screen):
             return
         event = generation.event
         if event is not None and self.canvas is not None:
-            conversation = self.query_one("#conversation", VerticalScroll)
+            conversation = self.canvas.parent
+            assert isinstance(conversation, VerticalScroll)
             follow = conversation.scroll_y >= conversation.max_scroll_y - 1  # the user did not scroll up
             grew = self.canvas.show(event)
             if follow and grew:  # scrolling repaints the whole screen: only when the canvas got taller
@@ -552,17 +554,17 @@ class ChatScreen(Screen):
         if self.live is not None:
             self.live.stop()
         self.generation = None
-        if self.canvas is not None:
-            self.canvas.remove()
-            self.canvas = None
+        canvas, self.canvas = self.canvas, None
         self.refresh_bindings()
         saved = self.store.get_message(generation.message_id) if generation.message_id else None
         conversation = self.query_one("#conversation", VerticalScroll)
         if saved is not None and (self.chat is None or saved.chat_id == self.chat.id):
-            conversation.mount(MessageView(saved))
-            conversation.scroll_end(animate=False)
-        elif saved is None and self.chat is not None:
-            self._render_conversation()  # nothing was kept: a replaced answer is shown again
+            self.call_later(self._replace_canvas, canvas, MessageView(saved))
+        else:
+            if canvas is not None:
+                canvas.remove()
+            if saved is None and self.chat is not None:
+                self._render_conversation()  # nothing was kept: a replaced answer is shown again
         tokens = generation.context_tokens
         wanted = self.model_path_for(self.chat)
         if self.chat is not None and saved is not None and tokens is not None and wanted is not None:
@@ -577,6 +579,30 @@ class ChatScreen(Screen):
         self.chat = self.store.get_chat(self.chat.id) if self.chat else None
         self.refresh_sidebar()
         self.update_status()
+
+    async def _replace_canvas(self, canvas: LiveCanvas | None, view: MessageView) -> None:
+        """Put the finished answer where its canvas was, in one frame: the answer's view is mounted
+        hidden beside the canvas, and only once its Markdown is parsed and laid out (Textual parses
+        on a worker thread, tens of milliseconds) do the two swap, in one batch. Removing the canvas
+        first would leave the answer off the screen meanwhile."""
+        conversation = self.query_one("#conversation", VerticalScroll)
+        if canvas is None or canvas.parent is not conversation:
+            if canvas is not None:
+                canvas.remove()
+            await conversation.mount(view)
+            conversation.scroll_end(animate=False)
+            return
+        follow = conversation.scroll_y >= conversation.max_scroll_y - 1
+        view.display = False
+        await conversation.mount(view, after=canvas)
+        if canvas.parent is not conversation or view.parent is not conversation:
+            return  # the conversation was redrawn meanwhile (another chat opened)
+        with self.app.batch_update():
+            canvas.display = False
+            view.display = True
+        canvas.remove()
+        if follow:
+            conversation.scroll_end(animate=False)
 
     def on_unmount(self) -> None:
         # the app is going away without Ctrl+Q (e.g. a signal): still end the answer; the worker

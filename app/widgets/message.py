@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from dgchat.app.store import Message
+from markdown_it import MarkdownIt
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -106,7 +107,7 @@ class MessageView(Vertical, can_focus=True):
         if m.role == "user":
             yield Static(m.content, markup=False, classes="message--body")
         elif m.content.strip():
-            yield Markdown(m.content, classes="message--body")
+            yield Markdown(m.content, classes="message--body", parser_factory=markdown_parser)
         else:
             empty = "(stopped before any text was decided)" if m.status != "done" else "(empty answer)"
             yield Static(empty, markup=False, classes="message--body -empty")
@@ -140,6 +141,12 @@ class MessageView(Vertical, can_focus=True):
 
     def action_newer_version(self) -> None:
         self.post_message(self.Action(self, "newer_version"))
+
+
+def markdown_parser() -> MarkdownIt:
+    """Markdown without raw HTML: a model's `<b>` or `<unused12>` is text to show, not markup to
+    drop (Textual renders no HTML, so an answer made of such tokens showed as nothing)."""
+    return MarkdownIt("gfm-like", options_update={"html": False})
 
 
 def version_marker(message: Message) -> str:

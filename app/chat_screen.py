@@ -10,6 +10,10 @@ with what followed it (app/store.py keeps each turn's versions). A turn with sev
 shows "‹ 2/3 ›"; [ / ] on the focused message flip between them. The version shown is the
 conversation: it is what the model reads for the next prompt and what export writes.
 
+Replay: `p` on an answer loads its recording (the denoising history the answer's worker kept, see
+app/generation.py) and shows it in place of the answer's text (app/widgets/replay.py); `x` writes
+it as an asciicast (.cast) into the export folder.
+
 The status line ends with the conversation's size in the model's context ("1,234 / 4,096
 tokens"), taken from each answer's own prompt count, or counted by a short ContextCountJob when
 the model or the branch changed.
@@ -39,14 +43,16 @@ from dgchat.app.sampler_text import defaults_text, temperature_text
 from dgchat.app.search_modal import SearchModal
 from dgchat.app.session import Engine, JobDone, ModelChange, ModelSession
 from dgchat.app.settings_modal import ChatSettings, SettingsModal, server_refuses
-from dgchat.app.store import Chat, Message
+from dgchat.app.store import MAX_RECORDINGS_BYTES_PER_CHAT, Chat, Message
 from dgchat.app.widgets.canvas import LiveCanvas
 from dgchat.app.widgets.chat_list import ChatList
 from dgchat.app.widgets.message import MessageView
 from dgchat.app.widgets.prompt_input import PromptInput
+from dgchat.app.widgets.replay import DEFAULT_PACE, ReplayView
 from dgchat.app.widgets.status_bar import StatusBar
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.model_backend.params import DiffusionParams
+from dgchat.recording.history import DenoisingHistory, HistoryError
 from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -737,10 +743,91 @@ class ChatScreen(Screen):
                 self.notify("Only the last answer can be regenerated; edit its prompt to re-run an earlier one.")
                 return
             self.action_regenerate()
+        elif event.action == "replay":
+            self.replay_message(event.view)
+        elif event.action == "export_recording":
+            self.export_recording(message)
         elif event.action == "older_version":
             self.flip_version(message, -1)
         elif event.action == "newer_version":
             self.flip_version(message, +1)
+
+    # -- recordings: replay and .cast export ----------------------------------------------------
+    def load_recording(self, message: Message) -> DenoisingHistory | None:
+        """The answer's denoising history, or None and a notice saying why there is none."""
+        stored = self.store.recording(message.id)
+        if stored is None:
+            self.notify("No recording for this answer: dgchat records answers since version 4 of the chat "
+                        "database, and this one is older.", timeout=8)
+            return None
+        if stored.data is None:
+            self.notify("This answer's recording was dropped: a chat keeps its newest recordings "
+                        f"({MAX_RECORDINGS_BYTES_PER_CHAT >> 20} MB).", timeout=8)
+            return None
+        try:
+            return DenoisingHistory.from_bytes(stored.data)
+        except HistoryError as exc:
+            self.notify(f"This answer's recording cannot be read: {exc}.", severity="error", timeout=8)
+            return None
+
+    def replay_message(self, view: MessageView) -> None:
+        history = self.load_recording(view.message)
+        if history is None:
+            return
+        if not history.steps:
+            self.notify("This answer's recording has no steps.")
+            return
+        self.call_later(view.start_replay, history)
+
+    def on_replay_view_export(self, event: ReplayView.Export) -> None:
+        event.stop()
+        view = event.view.parent
+        if isinstance(view, MessageView):
+            self.export_recording(view.message, event.view.history, seconds_per_step=event.seconds_per_step)
+
+    def export_recording(self, message: Message, history: DenoisingHistory | None = None, *,
+                         seconds_per_step: float | None = 1.0 / DEFAULT_PACE) -> None:
+        """Ask where, then write the answer's denoising as a .cast file (asciinema's format)."""
+        from dgchat.app.export import (
+            default_recording_path,
+            export_dir,
+            export_error_text,
+            export_problem,
+            export_recording,
+            export_target,
+        )
+        from dgchat.app.widgets.path_suggester import PathSuggester
+
+        chat = self.store.get_chat(message.chat_id)
+        history = history if history is not None else self.load_recording(message)
+        if history is None or chat is None:
+            return
+        folder = export_dir(self.app.config.export_dir)
+        conversation = self.query_one("#conversation", VerticalScroll)
+        width = max(40, conversation.content_size.width - 4)  # the width the answer has here (less its margin)
+        pace = "the real pace" if seconds_per_step is None else f"{1 / seconds_per_step:g} steps a second"
+
+        def write(text: str) -> str | None:
+            if not text:
+                return "enter the file to write"
+            target = export_target(text, folder)
+            problem = export_problem(target, "answer.cast")
+            if problem:
+                return problem
+            try:
+                written = export_recording(history, chat, message, target, seconds_per_step=seconds_per_step,
+                                           width=width)
+            except OSError as exc:
+                return export_error_text(target, exc)
+            self.notify(f"Recording exported to {written} (asciinema play {written.name})")
+            return None
+
+        self.app.push_screen(PromptModal(
+            "Export the denoising as a recording (.cast)", str(default_recording_path(chat, message, folder)),
+            ok_label="Export", check=write, suggester=PathSuggester((".cast",)),
+            help_text=f"An asciicast at {pace}, {width} columns wide, into {folder} (a missing folder is "
+                      "created, an existing file replaced):",
+        ))
 
     def action_export(self) -> None:
         from dgchat.app.export import (

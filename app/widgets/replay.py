@@ -97,8 +97,6 @@ class ReplayView(Vertical, can_focus=True):
     ]
     DEFAULT_CSS = """
     ReplayView { height: auto; }
-    ReplayView > LiveCanvas { margin: 0; padding: 0; border-left: none; }
-    ReplayView > ReplaySlider { color: $text-muted; }
     """
 
     class Closed(Message):

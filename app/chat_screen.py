@@ -142,6 +142,8 @@ class ChatScreen(Screen):
         self._count_job: ContextCountJob | None = None
         self._count_wanted = False  # a count waits for the engine to be free, or for this screen
         self._count_fresh = False  # ... and must not reuse an earlier count (see recount)
+        self._following = True  # the view follows the live canvas's text (the user has not scrolled up)
+        self._followed_to = 0.0  # where following last scrolled to
 
     # -- layout ---------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -523,6 +525,7 @@ class ChatScreen(Screen):
         conversation = self.query_one("#conversation", VerticalScroll)
         conversation.mount(self.canvas)
         conversation.scroll_end(animate=False)
+        self._following, self._followed_to = True, 0.0
         self.refresh_bindings()
         assert self.live is not None
         self.live.start()
@@ -538,10 +541,13 @@ class ChatScreen(Screen):
         if event is not None and self.canvas is not None:
             conversation = self.canvas.parent
             assert isinstance(conversation, VerticalScroll)
-            follow = conversation.scroll_y >= conversation.max_scroll_y - 1  # the user did not scroll up
+            self._following = conversation.scroll_y >= self._followed_to - 1  # the user did not scroll up
             grew = self.canvas.show(event)
-            if follow and grew:  # scrolling repaints the whole screen: only when the canvas got taller
-                conversation.call_after_refresh(conversation.scroll_end, animate=False, immediate=True)
+            if self._following:
+                if grew:  # the canvas's new place is known once the layout has run
+                    conversation.call_after_refresh(self._follow_text)
+                else:
+                    self._follow_text()
         now = time.monotonic()
         if event is not None and generation.running and now - self._last_checkpoint >= 1.0:
             self._last_checkpoint = now
@@ -549,6 +555,22 @@ class ChatScreen(Screen):
                 self.store.checkpoint_answer(generation.message_id, generation.partial_text())
             except Exception:  # noqa: BLE001
                 pass
+
+    def _follow_text(self) -> None:
+        """Keep the canvas's last line of text in view. Not the end of the conversation: the canvas
+        keeps empty room below its text for the tokens still to come, and a canvas taller than the
+        view scrolled to its end would show only that room. Scrolling repaints the whole screen, so
+        it happens only when the text's end is below the view."""
+        canvas = self.canvas
+        if canvas is None or not isinstance(canvas.parent, VerticalScroll):
+            return
+        conversation = canvas.parent
+        text_end = canvas.virtual_region.y + canvas.text_lines
+        view = conversation.scrollable_content_region.height
+        if text_end > conversation.scroll_y + view:
+            target = min(conversation.max_scroll_y, text_end - view)
+            conversation.scroll_to(y=target, animate=False, immediate=True)
+        self._followed_to = conversation.scroll_y
 
     def on_job_done(self, message: JobDone) -> None:
         if isinstance(message.job, ContextCountJob):
@@ -598,7 +620,7 @@ class ChatScreen(Screen):
             await conversation.mount(view)
             conversation.scroll_end(animate=False)
             return
-        follow = conversation.scroll_y >= conversation.max_scroll_y - 1
+        follow = self._following
         view.display = False
         await conversation.mount(view, after=canvas)
         if canvas.parent is not conversation or view.parent is not conversation:

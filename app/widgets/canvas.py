@@ -145,6 +145,11 @@ class LiveCanvas(Widget):
         self.event = event
         return self._rebuild()
 
+    @property
+    def text_lines(self) -> int:
+        """Lines drawn now (the progress line and the text), without the room kept below them."""
+        return len(self._strips)
+
     def mark_stopping(self) -> None:
         self.stopping = True
         self._built_for = None

@@ -14,8 +14,9 @@ is delimited; the screen is read after every frame with a small terminal emulato
   drawn     distinct denoising steps whose progress line (`step k/N`, per canvas) was on screen
             (`?` when the canvas is taller than the screen and that line scrolled away)
   blank     frames in which the answer, once shown, was on screen neither as its canvas (progress
-            line, or undecided positions side by side) nor as its final text (its last characters)
-            -- the swap from canvas to Markdown -- and how long they lasted
+            line, or undecided positions side by side) nor as any part of its text (16 letters
+            and digits of it in a row) -- the swap from canvas to Markdown, or a view scrolled
+            past the text -- and how long they lasted
 
 `--profile` also times each live frame inside the app (the UI thread's CPU time: building the
 canvas, then Textual's layout, compositor and the driver's write until the next frame), reported
@@ -55,6 +56,7 @@ PROMPTS = (
 SYNC_END = b"\x1b[?2026l"
 STEP_LINE = re.compile(r"step (\d+)/(\d+)(?: · canvas (\d+))?")
 LOADED = re.compile(r"\.gguf · (?!not loaded|failed)")  # the status line once the model is loaded
+PROBE = 16  # characters of the answer (letters and digits) that show it is on screen
 UNDECIDED_RUN = re.compile("··")  # undecided positions side by side: only a live canvas draws these
 CANVAS_SHOWN = re.compile(r"step \d+/\d+ · |waiting for the first step")
 
@@ -231,10 +233,12 @@ def alnum(text: str) -> str:
 def analyse(frames, start: float, end: float, answer: dict) -> dict:
     """Steps drawn and blank frames of one answer, from the frames drawn between `start` (Enter)
     and `end` (saved + a moment). The answer is on screen while its canvas is (its progress line,
-    or undecided positions side by side) or its final text is (the text's last characters); once
-    it has been on screen, a frame without it is blank. A step counts as drawn when its progress
+    or undecided positions side by side) or part of its final text is (any 16 letters and digits
+    of it in a row; a canvas taller than the screen shows decided tokens only); once it has been
+    on screen, a frame without it is blank. A step counts as drawn when its progress
     line was on screen: a canvas taller than the terminal scrolls that line away (then None)."""
-    final_probe = alnum(answer["content"])[-16:]
+    final = alnum(answer["content"])
+    probes = {final[i:i + PROBE] for i in range(max(1, len(final) - PROBE + 1))} if final else set()
     drawn: set[tuple[int, int]] = set()
     seen = False
     marker_seen = False
@@ -249,9 +253,10 @@ def analyse(frames, start: float, end: float, answer: dict) -> dict:
         marker_seen = marker_seen or marker
         for m in STEP_LINE.finditer(text):
             drawn.add((int(m.group(3) or 1), int(m.group(1))))
+        shown = alnum(text)
         canvas = marker or bool(UNDECIDED_RUN.search(text))
-        final = bool(final_probe) and final_probe in alnum(text)
-        visible = canvas or final
+        words = bool(probes) and any(shown[i:i + PROBE] in probes for i in range(max(0, len(shown) - PROBE + 1)))
+        visible = canvas or words
         seen = seen or visible
         if seen and not visible:
             blank_frames += 1

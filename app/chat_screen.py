@@ -154,8 +154,12 @@ class ChatScreen(Screen):
                 yield ChatList(id="chat-list")
             with Vertical(id="chat-pane"):
                 yield VerticalScroll(id="conversation")
-                yield PromptInput(id="prompt", placeholder="Message the model — Enter sends, Shift+Enter newline")
-                yield StatusBar(id="status")
+                # in a box of their own: Textual repaints a live canvas's rows by asking every widget
+                # whose container overlaps them for its lines, and the prompt box (a TextArea, which
+                # re-applies its theme on each call) cost more than the canvas itself
+                with Vertical(id="input-area"):
+                    yield PromptInput(id="prompt", placeholder="Message the model — Enter sends, Shift+Enter newline")
+                    yield StatusBar(id="status")
         yield Footer()
 
     @property

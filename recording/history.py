@@ -80,6 +80,10 @@ class RecordedVocab:
     def __len__(self) -> int:
         return len(self._pieces)
 
+    def entries(self) -> list[tuple[int, str, int]]:
+        """(token, text, kind flags) of every token, by token id."""
+        return [(token, *self._pieces[token]) for token in sorted(self._pieces)]
+
 
 def _codes(state: np.ndarray) -> np.ndarray:
     """Cell states as history codes: undecided, accepted (new or earlier) or fixed."""
@@ -143,14 +147,14 @@ class DenoisingHistory:
 
     # -- storage --------------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
-        ids = sorted(self.vocab._pieces)
+        entries = self.vocab.entries()
         header = {
             "uniform_state": self.uniform_state,
             "truncated": self.truncated,
             "steps": self.steps,
             "changes": int(self.positions.size),
             "answer": int(self.answer.size),
-            "pieces": [self.vocab._pieces[t][0] for t in ids],
+            "pieces": [text for _, text, _ in entries],
         }
         head = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
         wide = bool(self.positions.size) and int(self.positions.max()) > 0xFFFF
@@ -161,8 +165,8 @@ class DenoisingHistory:
             self.tokens.astype("<i4").tobytes(),
             self.codes.astype("u1").tobytes(),
             self.answer.astype("<i4").tobytes(),
-            np.array(ids, "<i4").tobytes(),
-            np.array([self.vocab._pieces[t][1] for t in ids], "u1").tobytes(),
+            np.array([token for token, _, _ in entries], "<i4").tobytes(),
+            np.array([kind for _, _, kind in entries], "u1").tobytes(),
         ]
         return MAGIC + zlib.compress(b"".join(parts), 6)
 

@@ -10,6 +10,10 @@ with what followed it (app/store.py keeps each turn's versions). A turn with sev
 shows "‹ 2/3 ›"; [ / ] on the focused message flip between them. The version shown is the
 conversation: it is what the model reads for the next prompt and what export writes.
 
+Replay: `p` on an answer loads its recording (the denoising history the answer's worker kept, see
+app/generation.py) and shows it in place of the answer's text (app/widgets/replay.py); `x` writes
+it as an asciicast (.cast) into the export folder.
+
 The status line ends with the conversation's size in the model's context ("1,234 / 4,096
 tokens"), taken from each answer's own prompt count, or counted by a short ContextCountJob when
 the model or the branch changed.
@@ -39,15 +43,17 @@ from dgchat.app.sampler_text import defaults_text, temperature_text
 from dgchat.app.search_modal import SearchModal
 from dgchat.app.session import Engine, JobDone, ModelChange, ModelSession
 from dgchat.app.settings_modal import ChatSettings, SettingsModal, server_refuses
-from dgchat.app.store import Chat, Message
+from dgchat.app.store import MAX_RECORDINGS_BYTES_PER_CHAT, Chat, Message
 from dgchat.app.widgets.canvas import LiveCanvas
 from dgchat.app.widgets.chat_list import ChatList
 from dgchat.app.widgets.conversation import Conversation
 from dgchat.app.widgets.message import MessageView
 from dgchat.app.widgets.prompt_input import PromptInput
+from dgchat.app.widgets.replay import DEFAULT_PACE, ReplayView
 from dgchat.app.widgets.status_bar import StatusBar
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.model_backend.params import DiffusionParams
+from dgchat.recording.history import DenoisingHistory, HistoryError
 from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -137,6 +143,8 @@ class ChatScreen(Screen):
         self._count_job: ContextCountJob | None = None
         self._count_wanted = False  # a count waits for the engine to be free, or for this screen
         self._count_fresh = False  # ... and must not reuse an earlier count (see recount)
+        self._following = True  # the view follows the live canvas's text (the user has not scrolled up)
+        self._followed_to = 0.0  # where following last scrolled to
 
     # -- layout ---------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -147,8 +155,12 @@ class ChatScreen(Screen):
                 yield ChatList(id="chat-list")
             with Vertical(id="chat-pane"):
                 yield Conversation(id="conversation")
-                yield PromptInput(id="prompt", placeholder="Message the model — Enter sends, Shift+Enter newline")
-                yield StatusBar(id="status")
+                # in a box of their own: Textual repaints a live canvas's rows by asking every widget
+                # whose container overlaps them for its lines, and the prompt box (a TextArea, which
+                # re-applies its theme on each call) cost more than the canvas itself
+                with Vertical(id="input-area"):
+                    yield PromptInput(id="prompt", placeholder="Message the model — Enter sends, Shift+Enter newline")
+                    yield StatusBar(id="status")
         yield Footer()
 
     @property
@@ -387,6 +399,7 @@ class ChatScreen(Screen):
             child.add_class("-removed")
         conversation.remove_children()
         self.canvas = None
+        conversation.live = False
         if self.chat is None:
             conversation.mount(Label(
                 "New chat — type below and press Enter.  F1 keys · Ctrl+P commands · Ctrl+O settings",
@@ -513,11 +526,14 @@ class ChatScreen(Screen):
                 self.store.delete_message(replacing.id)  # nothing was decided: not worth a version
         self.generation = generation
         self._last_checkpoint = time.monotonic()
-        self.canvas = LiveCanvas(engine, id="live-canvas", classes="message -assistant -live")
+        self.canvas = LiveCanvas(engine, canvas_length=int(params.gen_length or 0), id="live-canvas",
+                                 classes="message -assistant -live")
         self.last_canvas = self.canvas  # kept after the answer ends (repaint counts for the benchmark)
-        conversation = self.query_one("#conversation", VerticalScroll)
+        conversation = self.query_one("#conversation", Conversation)
+        conversation.live = True
         conversation.mount(self.canvas)
         conversation.scroll_end(animate=False)
+        self._following, self._followed_to = True, 0.0
         self.refresh_bindings()
         assert self.live is not None
         self.live.start()
@@ -531,11 +547,15 @@ class ChatScreen(Screen):
             return
         event = generation.event
         if event is not None and self.canvas is not None:
-            conversation = self.query_one("#conversation", VerticalScroll)
-            follow = conversation.scroll_y >= conversation.max_scroll_y - 1  # the user did not scroll up
+            conversation = self.canvas.parent
+            assert isinstance(conversation, VerticalScroll)
+            self._following = conversation.scroll_y >= self._followed_to - 1  # the user did not scroll up
             grew = self.canvas.show(event)
-            if follow and grew:  # scrolling repaints the whole screen: only when the canvas got taller
-                conversation.call_after_refresh(conversation.scroll_end, animate=False, immediate=True)
+            if self._following:
+                if grew:  # the canvas's new place is known once the layout has run
+                    conversation.call_after_refresh(self._follow_text)
+                else:
+                    self._follow_text()
         now = time.monotonic()
         if event is not None and generation.running and now - self._last_checkpoint >= 1.0:
             self._last_checkpoint = now
@@ -543,6 +563,22 @@ class ChatScreen(Screen):
                 self.store.checkpoint_answer(generation.message_id, generation.partial_text())
             except Exception:  # noqa: BLE001
                 pass
+
+    def _follow_text(self) -> None:
+        """Keep the canvas's last line of text in view. Not the end of the conversation: the canvas
+        keeps empty room below its text for the tokens still to come, and a canvas taller than the
+        view scrolled to its end would show only that room. Scrolling repaints the whole screen, so
+        it happens only when the text's end is below the view."""
+        canvas = self.canvas
+        if canvas is None or not isinstance(canvas.parent, VerticalScroll):
+            return
+        conversation = canvas.parent
+        text_end = canvas.virtual_region.y + canvas.text_lines
+        view = conversation.scrollable_content_region.height
+        if text_end > conversation.scroll_y + view:
+            target = min(conversation.max_scroll_y, text_end - view)
+            conversation.scroll_to(y=target, animate=False, immediate=True)
+        self._followed_to = conversation.scroll_y
 
     def on_job_done(self, message: JobDone) -> None:
         if isinstance(message.job, ContextCountJob):
@@ -554,17 +590,18 @@ class ChatScreen(Screen):
         if self.live is not None:
             self.live.stop()
         self.generation = None
-        if self.canvas is not None:
-            self.canvas.remove()
-            self.canvas = None
+        canvas, self.canvas = self.canvas, None
         self.refresh_bindings()
         saved = self.store.get_message(generation.message_id) if generation.message_id else None
-        conversation = self.query_one("#conversation", VerticalScroll)
+        conversation = self.query_one("#conversation", Conversation)
         if saved is not None and (self.chat is None or saved.chat_id == self.chat.id):
-            conversation.mount(MessageView(saved))
-            conversation.scroll_end(animate=False)
-        elif saved is None and self.chat is not None:
-            self._render_conversation()  # nothing was kept: a replaced answer is shown again
+            self.call_later(self._replace_canvas, canvas, MessageView(saved))
+        else:
+            if canvas is not None:
+                canvas.remove()
+            conversation.end_live(self._following)
+            if saved is None and self.chat is not None:
+                self._render_conversation()  # nothing was kept: a replaced answer is shown again
         tokens = generation.context_tokens
         wanted = self.model_path_for(self.chat)
         if self.chat is not None and saved is not None and tokens is not None and wanted is not None:
@@ -579,6 +616,30 @@ class ChatScreen(Screen):
         self.chat = self.store.get_chat(self.chat.id) if self.chat else None
         self.refresh_sidebar()
         self.update_status()
+
+    async def _replace_canvas(self, canvas: LiveCanvas | None, view: MessageView) -> None:
+        """Put the finished answer where its canvas was, in one frame: the answer's view is mounted
+        hidden beside the canvas, and only once its Markdown is parsed and laid out (Textual parses
+        on a worker thread, tens of milliseconds) do the two swap, in one batch. Removing the canvas
+        first would leave the answer off the screen meanwhile."""
+        conversation = self.query_one("#conversation", Conversation)
+        if canvas is None or canvas.parent is not conversation:
+            if canvas is not None:
+                canvas.remove()
+            await conversation.mount(view)
+            conversation.end_live(True)
+            return
+        follow = self._following
+        view.display = False
+        await conversation.mount(view, after=canvas)
+        if canvas.parent is not conversation or view.parent is not conversation:
+            conversation.end_live(follow)
+            return  # the conversation was redrawn meanwhile (another chat opened)
+        with self.app.batch_update():
+            canvas.display = False
+            view.display = True
+        canvas.remove()
+        conversation.end_live(follow)
 
     def on_unmount(self) -> None:
         # the app is going away without Ctrl+Q (e.g. a signal): still end the answer; the worker
@@ -720,10 +781,91 @@ class ChatScreen(Screen):
                 self.notify("Only the last answer can be regenerated; edit its prompt to re-run an earlier one.")
                 return
             self.action_regenerate()
+        elif event.action == "replay":
+            self.replay_message(event.view)
+        elif event.action == "export_recording":
+            self.export_recording(message)
         elif event.action == "older_version":
             self.flip_version(message, -1)
         elif event.action == "newer_version":
             self.flip_version(message, +1)
+
+    # -- recordings: replay and .cast export ----------------------------------------------------
+    def load_recording(self, message: Message) -> DenoisingHistory | None:
+        """The answer's denoising history, or None and a notice saying why there is none."""
+        stored = self.store.recording(message.id)
+        if stored is None:
+            self.notify("No recording for this answer: dgchat records answers since version 4 of the chat "
+                        "database, and this one is older.", timeout=8)
+            return None
+        if stored.data is None:
+            self.notify("This answer's recording was dropped: a chat keeps its newest recordings "
+                        f"({MAX_RECORDINGS_BYTES_PER_CHAT >> 20} MB).", timeout=8)
+            return None
+        try:
+            return DenoisingHistory.from_bytes(stored.data)
+        except HistoryError as exc:
+            self.notify(f"This answer's recording cannot be read: {exc}.", severity="error", timeout=8)
+            return None
+
+    def replay_message(self, view: MessageView) -> None:
+        history = self.load_recording(view.message)
+        if history is None:
+            return
+        if not history.steps:
+            self.notify("This answer's recording has no steps.")
+            return
+        self.call_later(view.start_replay, history)
+
+    def on_replay_view_export(self, event: ReplayView.Export) -> None:
+        event.stop()
+        view = event.view.parent
+        if isinstance(view, MessageView):
+            self.export_recording(view.message, event.view.history, seconds_per_step=event.seconds_per_step)
+
+    def export_recording(self, message: Message, history: DenoisingHistory | None = None, *,
+                         seconds_per_step: float | None = 1.0 / DEFAULT_PACE) -> None:
+        """Ask where, then write the answer's denoising as a .cast file (asciinema's format)."""
+        from dgchat.app.export import (
+            default_recording_path,
+            export_dir,
+            export_error_text,
+            export_problem,
+            export_recording,
+            export_target,
+        )
+        from dgchat.app.widgets.path_suggester import PathSuggester
+
+        chat = self.store.get_chat(message.chat_id)
+        history = history if history is not None else self.load_recording(message)
+        if history is None or chat is None:
+            return
+        folder = export_dir(self.app.config.export_dir)
+        conversation = self.query_one("#conversation", VerticalScroll)
+        width = max(40, conversation.content_size.width - 4)  # the width the answer has here (less its margin)
+        pace = "the real pace" if seconds_per_step is None else f"{1 / seconds_per_step:g} steps a second"
+
+        def write(text: str) -> str | None:
+            if not text:
+                return "enter the file to write"
+            target = export_target(text, folder)
+            problem = export_problem(target, "answer.cast")
+            if problem:
+                return problem
+            try:
+                written = export_recording(history, chat, message, target, seconds_per_step=seconds_per_step,
+                                           width=width)
+            except OSError as exc:
+                return export_error_text(target, exc)
+            self.notify(f"Recording exported to {written} (asciinema play {written.name})")
+            return None
+
+        self.app.push_screen(PromptModal(
+            "Export the denoising as a recording (.cast)", str(default_recording_path(chat, message, folder)),
+            ok_label="Export", check=write, suggester=PathSuggester((".cast",)),
+            help_text=f"An asciicast at {pace}, {width} columns wide, into {folder} (a missing folder is "
+                      "created, an existing file replaced):",
+        ))
 
     def action_export(self) -> None:
         from dgchat.app.export import (

@@ -1,4 +1,5 @@
-"""A chat as a Markdown document (export), written atomically into a known folder.
+"""A chat as a Markdown document, or one answer's denoising as an asciicast (export), written
+atomically into a known folder.
 
 The folder is `export_dir` from the config file, else ~/Documents/dgchat when there is a
 ~/Documents, else `exports/` in dgchat's data folder; never the folder dgchat happened to be
@@ -13,6 +14,8 @@ from pathlib import Path
 
 from dgchat.app.paths import atomic_write_text, data_dir
 from dgchat.app.store import Chat, Message
+from dgchat.recording.asciicast import MAX_WIDTH, MIN_WIDTH, Pace, asciicast, cast_title, summary_line
+from dgchat.recording.history import DenoisingHistory
 
 _STATUS_NOTE = {
     "stopped": "_(stopped: partial answer)_",
@@ -70,10 +73,10 @@ def export_target(text: str, folder: Path) -> Path:
     return path if path.is_absolute() else folder / path
 
 
-def export_problem(path: Path) -> str | None:
+def export_problem(path: Path, example: str = "chat.md") -> str | None:
     """Why `path` cannot be an export file, before anything is written, or None."""
     if not path.name or path.is_dir():
-        return f"{path} is a folder; add a file name such as chat.md"
+        return f"{path} is a folder; add a file name such as {example}"
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
@@ -100,3 +103,26 @@ def export_error_text(path: Path, exc: OSError) -> str:
     if exc.errno == errno.ENOSPC:
         return f"no space left to write {path}"
     return f"cannot write {path}: {reason}"
+
+
+def default_recording_path(chat: Chat, message: Message, folder: Path) -> Path:
+    return folder / f"dgchat-{chat.id}-answer-{message.id}.cast"
+
+
+def export_recording(history: DenoisingHistory, chat: Chat, message: Message, path: str | Path, *,
+                     seconds_per_step: float | None, width: int) -> Path:
+    """Write an answer's denoising as an asciicast (.cast) at the given pace (None: the real one),
+    atomically like export_chat. Raises OSError; `export_error_text` words it."""
+    stats = message.meta.get("stats") if isinstance(message.meta.get("stats"), dict) else {}
+
+    def number(key: str) -> float:
+        value = stats.get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+    summary = summary_line(int(number("tokens")), int(number("steps")), number("elapsed_s"))
+    model = message.meta.get("model") if isinstance(message.meta.get("model"), str) else ""
+    text = asciicast(history, message.content, summary=summary, width=max(MIN_WIDTH, min(MAX_WIDTH, width)),
+                     pace=Pace(seconds_per_step), title=cast_title("dgchat", model, chat.title))
+    path = Path(path).expanduser()
+    atomic_write_text(path, text, mode=0o644)
+    return path

@@ -2,8 +2,10 @@
 
 `ChatAnswer` is an EngineJob (app/session.py): its worker iterates the engine's events and only
 *stores the latest* StepEvent (no message per step, no waiting on the UI); the screen's LiveView
-picks it up at the frame rate, so the generation never waits on rendering. When the answer ends
-(or fails) the worker writes the result to the store itself.
+picks it up at the frame rate, so the generation never waits on rendering. The worker also keeps
+the denoising history (dgchat.recording: what each step changed, a few microseconds a step), so
+every step can be replayed later even when the screen drew only some of them. When the answer ends
+(or fails) the worker writes the result and its recording to the store itself.
 
 `ContextCountJob` counts a conversation's tokens the same way (the model's chat template and
 tokenizer, on a worker thread) when no answer just did: another model, another branch.
@@ -21,6 +23,7 @@ from dgchat.app.store import Store
 from dgchat.model_backend.errors import error_text
 from dgchat.model_backend.events import FinalEvent, StepEvent
 from dgchat.model_backend.params import DiffusionParams
+from dgchat.recording.history import HistoryRecorder
 
 
 def status_for(stop_reason: str) -> str:
@@ -74,6 +77,7 @@ class ChatAnswer(EngineJob):
         self.final: FinalEvent | None = None
         self.prompt_tokens = 0
         self.steps_seen = 0
+        self.recorder: HistoryRecorder | None = None
 
     def work(self) -> FinalEvent | None:
         engine = self.engine
@@ -81,9 +85,11 @@ class ChatAnswer(EngineJob):
         prompt = engine.chat_prompt(self.messages)
         self.prompt_tokens = int(prompt.size)
         engine.check_fits(self.prompt_tokens, self.params)
+        self.recorder = recorder = HistoryRecorder(engine)
         for event in engine.generate(prompt, self.params, cancel=self.cancel):
             if isinstance(event, StepEvent):
                 self.steps_seen += 1
+                recorder.add(event)
                 self.record(0, event)
             else:
                 self.final = event
@@ -112,11 +118,18 @@ class ChatAnswer(EngineJob):
             return ""
         return self.engine.detokenize(decided_tokens(self.engine, event))
 
+    def recording(self) -> bytes | None:
+        """The denoising history, packed for the store (None when no step was recorded)."""
+        if self.recorder is None or not self.recorder.steps:
+            return None
+        return self.recorder.history().to_bytes()
+
     def _save(self) -> None:
         if self.store is None or self.message_id is None or self.final is None:
             return
         meta = final_meta(self.final, self.params, self.model_name)
-        self.store.finish_answer(self.message_id, self.final.text, status_for(self.final.stop_reason), meta)
+        self.store.finish_answer(self.message_id, self.final.text, status_for(self.final.stop_reason), meta,
+                                 recording=self.recording())
 
     def _save_failure(self) -> None:
         if self.store is None or self.message_id is None or self.error is None:
@@ -128,7 +141,8 @@ class ChatAnswer(EngineJob):
         message = error_text(self.error)
         try:
             if text:
-                self.store.finish_answer(self.message_id, text, "error", {"error": message, "model": self.model_name})
+                self.store.finish_answer(self.message_id, text, "error", {"error": message, "model": self.model_name},
+                                         recording=self.recording())
             else:
                 self.store.delete_message(self.message_id)
         except Exception:  # noqa: BLE001 - the store itself may be closing

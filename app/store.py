@@ -13,6 +13,11 @@ Schema (PRAGMA user_version is the schema version; `_STEPS[i]` upgrades version 
         answers, edited prompts), in id order, and `shown` = 1 marks the one the conversation
         uses. The conversation is the path from the first message down through shown versions.
     settings(key, value JSON)                  app state: last theme, last chat
+    recordings(message_id -> messages ON DELETE CASCADE, chat_id -> chats ON DELETE CASCADE,
+               data BLOB, size, created_at)
+        an answer's denoising history (dgchat.recording.history, for replay and .cast export);
+        data NULL: dropped to keep the chat's recordings under MAX_RECORDINGS_BYTES_PER_CHAT
+        (the newest are kept). An answer without a row was never recorded (before schema 4).
     messages_fts                               FTS5 index over messages.content (external content,
                                                kept in sync by triggers)
 
@@ -54,6 +59,7 @@ HIGHLIGHT_START = "\x02"  # search snippets mark matches with these; the UI turn
 HIGHLIGHT_END = "\x03"
 
 
+MAX_RECORDINGS_BYTES_PER_CHAT = 8 << 20  # a chat keeps its newest recordings up to this many bytes
 MAX_SEARCH_CHARS = 500  # a search is a few words; FTS5 query cost grows with the terms
 MAX_SEARCH_WORDS = 32
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -119,6 +125,15 @@ class Message:
     parent_id: int | None = None  # the message before this one (None: the chat's first)
     version: int = 1  # which version of its turn this is (1-based, oldest first) ...
     versions: int = 1  # ... of how many (regenerated answers, edited prompts)
+
+
+@dataclass
+class Recording:
+    """An answer's stored denoising history: `data` None when it was dropped (the chat's bound)."""
+
+    message_id: int
+    data: bytes | None
+    size: int
 
 
 @dataclass
@@ -195,7 +210,21 @@ def _step_3(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX messages_by_parent ON messages(chat_id, parent_id, id)")
 
 
-_STEPS: list[Callable[[sqlite3.Connection], None]] = [_step_1, _step_2, _step_3]
+def _step_4(db: sqlite3.Connection) -> None:
+    """Denoising recordings of answers, in their own table so that reading a conversation never
+    reads them. Older answers have none (their replay says so)."""
+    db.execute(
+        """CREATE TABLE recordings(
+            message_id INTEGER PRIMARY KEY REFERENCES messages(id) ON DELETE CASCADE,
+            chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+            data BLOB,
+            size INTEGER NOT NULL,
+            created_at REAL NOT NULL)"""
+    )
+    db.execute("CREATE INDEX recordings_by_chat ON recordings(chat_id, message_id)")
+
+
+_STEPS: list[Callable[[sqlite3.Connection], None]] = [_step_1, _step_2, _step_3, _step_4]
 SCHEMA_VERSION = len(_STEPS)
 
 
@@ -496,7 +525,10 @@ class Store:
         with self._tx() as db:
             db.execute("UPDATE messages SET content = ? WHERE id = ? AND status = 'generating'", (content, message_id))
 
-    def finish_answer(self, message_id: int, content: str, status: str, meta: dict[str, Any] | None = None) -> None:
+    def finish_answer(self, message_id: int, content: str, status: str, meta: dict[str, Any] | None = None,
+                      *, recording: bytes | None = None) -> None:
+        """Save an answer's final text, status and metadata, with its denoising recording (one
+        transaction: an answer is never kept with half a recording)."""
         if status not in STATUSES:
             raise ValueError(f"bad message status {status!r}")
         content = storable(content)
@@ -512,6 +544,47 @@ class Store:
                 (content, status, json.dumps(merged), message_id),
             )
             db.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (time.time(), row["chat_id"]))
+            if recording is not None:
+                self._put_recording(db, message_id, row["chat_id"], recording)
+
+    # -- recordings -----------------------------------------------------------------------------
+    @staticmethod
+    def _put_recording(db: sqlite3.Connection, message_id: int, chat_id: int, data: bytes) -> None:
+        """Store a recording; then drop the chat's oldest ones (their data, the row stays to say so)
+        while the chat's recordings take more than MAX_RECORDINGS_BYTES_PER_CHAT."""
+        db.execute(
+            "INSERT INTO recordings(message_id, chat_id, data, size, created_at) VALUES (?,?,?,?,?) "
+            "ON CONFLICT(message_id) DO UPDATE SET data = excluded.data, size = excluded.size",
+            (message_id, chat_id, sqlite3.Binary(data), len(data), time.time()),
+        )
+        rows = db.execute(
+            "SELECT message_id, size FROM recordings WHERE chat_id = ? AND data IS NOT NULL ORDER BY message_id DESC",
+            (chat_id,),
+        ).fetchall()
+        total = 0
+        for row in rows:
+            total += row["size"]
+            if total > MAX_RECORDINGS_BYTES_PER_CHAT:
+                db.execute("UPDATE recordings SET data = NULL WHERE message_id = ?", (row["message_id"],))
+
+    def save_recording(self, message_id: int, data: bytes) -> None:
+        with self._tx() as db:
+            row = db.execute("SELECT chat_id FROM messages WHERE id = ?", (message_id,)).fetchone()
+            if row is not None:
+                self._put_recording(db, message_id, row["chat_id"], data)
+
+    def recording(self, message_id: int) -> Recording | None:
+        """The answer's recording; None when it never had one (an answer from before recordings)."""
+        rows = self._query("SELECT message_id, data, size FROM recordings WHERE message_id = ?", (message_id,))
+        if not rows:
+            return None
+        data = rows[0]["data"]
+        return Recording(rows[0]["message_id"], bytes(data) if data is not None else None, rows[0]["size"])
+
+    def recordings_size(self, chat_id: int) -> int:
+        rows = self._query("SELECT COALESCE(SUM(size), 0) FROM recordings WHERE chat_id = ? AND data IS NOT NULL",
+                           (chat_id,))
+        return int(rows[0][0])
 
     def update_message(self, message_id: int, content: str) -> None:
         content = storable(content)

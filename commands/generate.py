@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from dgchat.commands.common import (
@@ -17,7 +19,7 @@ from dgchat.commands.common import (
     params_from_args,
     resolve_model_path,
 )
-from dgchat.model_backend.errors import InvalidParameterError
+from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.model_backend.events import FinalEvent, StepEvent
 
 
@@ -31,6 +33,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="do not apply the chat template: the prompt is the model's input as written, and "
                         "control-token text in it (e.g. <|im_end|>) becomes control tokens")
     p.add_argument("--visual", action="store_true", help="redraw the canvas every step")
+    p.add_argument("--record", metavar="FILE.cast",
+                   help="also write the denoising as an asciicast v2 recording (asciinema play FILE.cast)")
+    p.add_argument("--record-pace", metavar="PACE", default="real",
+                   help="the recording's pace: 'real' (default) or seconds per step, e.g. 0.1")
+    p.add_argument("--record-width", metavar="COLUMNS", type=int, default=80,
+                   help="the recording's width in columns (default 80)")
     p.add_argument("--json", action="store_true", help="print the answer and statistics as one JSON object")
     add_sampler_args(p)
     from dgchat.remote.cli import add_server_args
@@ -57,17 +65,60 @@ def run(args: argparse.Namespace) -> int:
 
     llamacpp.set_verbose(getattr(args, "verbose", False))
     params = params_from_args(args)
+    recording = Recording.from_args(args)
     prompt_text = _read_prompt(args)
     model_path = resolve_model_path(args.model)
     engine = DiffusionEngine.load(model_path, n_gpu_layers=args.n_gpu_layers, n_threads=args.threads)
     try:
         prompt = _prompt(engine, args, prompt_text)
         resolved = engine.resolve(params)
+        recorder = recording.recorder(engine) if recording else None
         with ctrl_c_cancels() as cancel:
-            final = _drive(engine, prompt, resolved, cancel, visual=args.visual and not args.json)
-        return _report(final, args, lambda: _as_json(final, engine, model_path, resolved))
+            final = _drive(engine, prompt, resolved, cancel, visual=args.visual and not args.json, recorder=recorder)
+        code = _report(final, args, lambda: _as_json(final, engine, model_path, resolved))
+        if recording and recorder is not None:
+            recording.write(recorder, final, title=("dgchat", model_path.name, prompt_text))
+        return code
     finally:
         engine.close()
+
+
+class Recording:
+    """--record FILE.cast: checked before the model loads (a bad path costs no generation), written
+    after the answer is printed (a failed write loses no answer)."""
+
+    def __init__(self, path: Path, pace: Any, width: int) -> None:
+        self.path = path
+        self.pace = pace
+        self.width = width
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Recording | None:
+        if not getattr(args, "record", None):
+            return None
+        from dgchat.recording.asciicast import Pace, check_target, check_width
+
+        path = Path(args.record).expanduser()
+        check_target(path)
+        return cls(path, Pace.parse(args.record_pace), check_width(args.record_width))
+
+    def recorder(self, engine) -> Any:
+        from dgchat.recording.history import HistoryRecorder
+
+        return HistoryRecorder(engine)
+
+    def write(self, recorder: Any, final: FinalEvent, *, title: tuple[str, ...]) -> None:
+        from dgchat.paths import atomic_write_text
+        from dgchat.recording.asciicast import asciicast, cast_title, summary_line
+
+        stats = final.stats
+        text = asciicast(recorder.history(), final.text, summary=summary_line(stats.tokens, stats.steps, stats.elapsed_s),
+                         width=self.width, pace=self.pace, title=cast_title(*title))
+        try:
+            atomic_write_text(self.path, text, mode=0o644)
+        except OSError as exc:
+            raise DgchatError(f"cannot write the recording {self.path}: {exc.strerror or exc}") from None
+        sys.stderr.write(f"dgchat: recording written to {self.path} ({recorder.steps} steps, {self.pace.label()})\n")
 
 
 def _prompt(engine, args: argparse.Namespace, prompt_text: str):
@@ -91,32 +142,28 @@ def _report(final: FinalEvent, args: argparse.Namespace, as_json: Callable[[], d
     return 130 if final.stop_reason == "cancelled" else 0
 
 
-def _drive(engine, prompt, params, cancel: threading.Event, *, visual: bool) -> FinalEvent:
+def _drive(engine, prompt, params, cancel: threading.Event, *, visual: bool, recorder: Any = None) -> FinalEvent:
+    """Run the generation; `visual` draws each step, `recorder` (a HistoryRecorder) keeps it."""
     final: FinalEvent | None = None
-    if not visual:
-        for event in engine.generate(prompt, params, cancel=cancel):
-            if isinstance(event, FinalEvent):
-                final = event
-        assert final is not None
-        return final
-    from dgchat.commands.render import render_step
-    from rich.console import Console
-    from rich.live import Live
+    show: Callable[[StepEvent], None] = lambda event: None  # noqa: E731
+    live = None
+    if visual:
+        from dgchat.recording.frame_text import render_step
+        from rich.console import Console
+        from rich.live import Live
 
-    console = Console(stderr=False)
-    if not console.is_terminal:
-        # not a terminal (a pipe, a log file): one frame per step, in plain text
+        console = Console(stderr=False)
+        if console.is_terminal:
+            live = Live(console=console, refresh_per_second=30, transient=True)
+            show = lambda event: live.update(render_step(engine, event))  # noqa: E731
+        else:  # not a terminal (a pipe, a log file): one frame per step, in plain text
+            show = lambda event: console.print(render_step(engine, event), highlight=False)  # noqa: E731
+    with live if live is not None else contextlib.nullcontext():
         for event in engine.generate(prompt, params, cancel=cancel):
             if isinstance(event, StepEvent):
-                console.print(render_step(engine, event), highlight=False)
-            else:
-                final = event
-        assert final is not None
-        return final
-    with Live(console=console, refresh_per_second=30, transient=True) as live:
-        for event in engine.generate(prompt, params, cancel=cancel):
-            if isinstance(event, StepEvent):
-                live.update(render_step(engine, event))
+                if recorder is not None:
+                    recorder.add(event)
+                show(event)
             else:
                 final = event
     assert final is not None
@@ -143,23 +190,31 @@ def _run_remote(args: argparse.Namespace, url: str, api_key: str | None) -> int:
     from dgchat.remote.engine import flag
 
     params = params_from_args(args)
+    recording = Recording.from_args(args)
     prompt_text = _read_prompt(args)
     if args.n_gpu_layers is not None or args.threads is not None:
         raise InvalidParameterError("--n-gpu-layers and --threads set up a local model; the server has its own")
     visual = args.visual and not args.json
     engine = RemoteEngine.connect(url, api_key=api_key, timeout=args.timeout, retries=args.retries,
-                                  live_canvas=visual)
+                                  live_canvas=visual or recording is not None)
     try:
         unsupported = engine.unsupported(params)
         if unsupported:
             kind = "dgchat serve" if engine.is_dgchat else "this server (not a dgchat server)"
             raise InvalidParameterError(f"{kind} at {engine.url} takes no "
                                         f"{', '.join(flag(u) for u in unsupported)}")
+        if recording is not None and not engine.is_dgchat:
+            raise InvalidParameterError(f"--record needs the canvas of each step, which only dgchat serve sends; "
+                                        f"{engine.url} is not a dgchat server")
         prompt = _prompt(engine, args, prompt_text)  # --raw is refused there: markers need the tokenizer
         resolved = engine.resolve(params)
+        recorder = recording.recorder(engine) if recording else None
         with ctrl_c_cancels() as cancel:
-            final = _drive(engine, prompt, resolved, cancel, visual=visual)
-        return _report(final, args, lambda: _remote_json(final, engine, resolved))
+            final = _drive(engine, prompt, resolved, cancel, visual=visual, recorder=recorder)
+        code = _report(final, args, lambda: _remote_json(final, engine, resolved))
+        if recording and recorder is not None:
+            recording.write(recorder, final, title=("dgchat", engine.model_id, prompt_text))
+        return code
     finally:
         engine.close()
 

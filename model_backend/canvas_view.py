@@ -23,10 +23,25 @@ from dgchat.model_backend.canvas import Cell
 from dgchat.model_backend.events import StepEvent
 
 PLACEHOLDER = "·"  # an undecided position
-# C0 control characters (byte tokens of a random or small model) are drawn as control pictures,
-# never written raw to a terminal (an escape sequence would drive it); newlines stay newlines,
-# tabs become spaces. Use with str.translate.
-VISIBLE_CONTROLS = {c: 0x2400 + c for c in range(32) if c not in (9, 10)} | {9: " ", 127: "\u2421"}
+# Model text is never written raw to a terminal or a recording: an escape sequence would drive the
+# terminal, a bidi override would reorder what is shown. C0 control characters (byte tokens of a
+# random or small model) are drawn as control pictures (ESC as ␛, so no sequence survives),
+# newlines stay newlines, tabs become spaces; C1 controls and the bidi embeddings, overrides and
+# isolates become U+FFFD (visible), the invisible direction marks are dropped. Use with
+# str.translate, or terminal_safe().
+VISIBLE_CONTROLS = (
+    {c: 0x2400 + c for c in range(32) if c not in (9, 10)} | {9: " ", 127: "\u2421"}
+    | {c: 0xFFFD for c in range(0x80, 0xA0)}
+    | {c: 0xFFFD for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+    | {0x200E: None, 0x200F: None, 0x061C: None}
+)
+
+
+def terminal_safe(text: str) -> str:
+    """`text` as it may be written to a terminal or a .cast file (see VISIBLE_CONTROLS)."""
+    return text.translate(VISIBLE_CONTROLS)
+
+
 HOLE = -1  # the token of a shown placeholder
 DRAFT = -1  # the style key of an undecided position showing its draft token (uniform-state)
 
@@ -36,6 +51,13 @@ class TokenKinds(Protocol):
 
     def is_special(self, token: int) -> bool: ...
     def is_end(self, token: int) -> bool: ...
+
+
+class TokenText(TokenKinds, Protocol):
+    """What drawing a canvas needs of a vocabulary: an engine, or a recording's own
+    (recording.history.RecordedVocab)."""
+
+    def piece(self, token: int) -> str: ...
 
 
 def shown_cells(event: StepEvent, kinds: TokenKinds) -> list[tuple[int, int]]:

@@ -176,7 +176,7 @@ def test_upgrade_from_schema_2_keeps_each_chat_as_one_conversation(db):
     raw.commit()
     raw.close()
     with Store(db) as store:
-        assert store.schema_version == SCHEMA_VERSION == 3
+        assert store.schema_version == SCHEMA_VERSION == 4
         first = store.messages(1)
         assert [m.content for m in first] == ["first question", "first answer", "second question", "second answer"]
         assert [m.parent_id for m in first] == [None, first[0].id, first[1].id, first[2].id]
@@ -328,3 +328,38 @@ def test_markdown_export(db, tmp_path):
     export_chat(chat, messages, target)
     assert target.read_text() == text
     assert os.listdir(target.parent) == ["plan.md"]
+
+
+def test_recordings_are_kept_per_answer_bounded_per_chat_and_deleted_with_it(db, monkeypatch):
+    """Schema 4: an answer's recording is saved with it in one transaction; older answers (from a
+    schema 3 database) have none; a chat keeps its newest recordings under the bound (older ones
+    are dropped but say so); deleting a message or a chat deletes its recordings."""
+    from dgchat.app import store as store_module
+
+    with Store(db, upgrade_to=3) as old:
+        chat = old.create_chat("old")
+        old.add_message(chat.id, "user", "hi")
+        before = old.add_message(chat.id, "assistant", "an old answer")
+    monkeypatch.setattr(store_module, "MAX_RECORDINGS_BYTES_PER_CHAT", 2500)
+    with Store(db) as store:
+        assert store.schema_version == 4
+        assert store.recording(before.id) is None  # never recorded
+        other = store.create_chat("other")
+        answers = []
+        for i in range(3):
+            answer = store.begin_answer(chat.id)
+            store.finish_answer(answer.id, f"answer {i}", "done", {"stats": {"tokens": 2}},
+                                recording=bytes([i]) * 1000)
+            answers.append(answer)
+        elsewhere = store.begin_answer(other.id)
+        store.finish_answer(elsewhere.id, "x", "done", recording=b"z" * 2000)
+        # 3 x 1000 bytes in a chat bounded at 2500: the oldest is dropped, the row says so
+        assert store.recording(answers[0].id).data is None and store.recording(answers[0].id).size == 1000
+        assert [store.recording(a.id).data for a in answers[1:]] == [b"\x01" * 1000, b"\x02" * 1000]
+        assert store.recordings_size(chat.id) == 2000 and store.recordings_size(other.id) == 2000
+        store.delete_message(answers[2].id)
+        assert store.recording(answers[2].id) is None
+        store.delete_chat(other.id)
+        assert store.recording(elsewhere.id) is None
+    with Store(db) as store:  # durable
+        assert store.recording(answers[1].id).data == b"\x01" * 1000

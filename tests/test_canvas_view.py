@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from dgchat.commands.render import canvas_text
 from dgchat.model_backend.canvas import CanvasSnapshot, Cell, decided_length
 from dgchat.model_backend.canvas_view import DRAFT, HOLE, PLACEHOLDER, shown_cells
 from dgchat.model_backend.events import StepEvent, StepTiming
+from dgchat.recording.frame_text import canvas_text
 
 M, N, D, F = Cell.MASKED, Cell.NEW, Cell.DONE, Cell.FIXED
 THE, GATE, KING, ESC = 1, 2, 3, 4
@@ -99,3 +99,14 @@ def test_cli_canvas_uses_the_rule_and_keeps_escape_sequences_off_the_terminal():
     styles = {text.plain[span.start:span.end]: str(span.style) for span in text.spans}
     assert styles[PLACEHOLDER] == "dim italic"
     assert styles[" gate"] == "bold black on yellow"
+
+
+def test_terminal_safe_shows_controls_and_defuses_bidi_overrides():
+    from dgchat.model_backend.canvas_view import terminal_safe
+
+    assert terminal_safe("a\tb\nc\x1b[31m\x07\x7f") == "a b\nc\u241b[31m\u2407\u2421"
+    # C1 controls (a lone CSI \x9b starts a sequence on some terminals) and bidi overrides / isolates
+    assert terminal_safe("x\x9b31m\x85y") == "x\ufffd31m\ufffdy"
+    assert terminal_safe("\u202egnp.exe\u2066a\u2069") == "\ufffdgnp.exe\ufffda\ufffd"
+    assert terminal_safe("a\u200eb\u200fc") == "abc"  # invisible direction marks dropped
+    assert terminal_safe("東京 é ☃") == "東京 é ☃"

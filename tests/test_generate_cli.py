@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from dgchat.assets import bundled_model_path
+from dgchat.model_backend.canvas_view import VISIBLE_CONTROLS
 
 
 def dgchat(*args: str, input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -134,3 +135,48 @@ def test_ctrl_c_stops_cleanly(llada_gguf: Path) -> None:
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "generation stopped" in err and "Traceback" not in err
+
+
+def test_record_writes_an_asciicast_that_replays_into_the_answer(tmp_path: Path, llada_gguf: Path) -> None:
+    """--record next to --json: the .cast has a v2 header, one frame per step at the chosen pace,
+    and played in a terminal emulator ends on the answer the command printed."""
+    import re
+
+    from fixtures.terminal_screen import TerminalScreen
+
+    target = tmp_path / "new folder" / "answer.cast"
+    res = dgchat("generate", "-m", str(llada_gguf), "-p", "Halt, traveller", "--gen-length", "32", "--steps", "8",
+                 "--seed", "3", "--json", "--record", str(target), "--record-pace", "0.25", "--record-width", "50")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert f"recording written to {target}" in res.stderr
+    lines = target.read_text(encoding="utf-8").splitlines()
+    header = json.loads(lines[0])
+    assert header["version"] == 2 and header["width"] == 50 and header["height"] >= 2
+    assert isinstance(header["timestamp"], int) and header["title"] == "dgchat · tiny-llada.gguf · Halt, traveller"
+    frames = [json.loads(line) for line in lines[1:]]
+    steps = [f for f in frames if "step " in f[2]]
+    assert [f[0] for f in steps] == [0.25 * i for i in range(8)]
+    assert re.sub(r"\x1b\[[0-9;]*m", "", steps[-1][2]).count("step 8 (canvas 1, 8/8)") == 1
+    screen = TerminalScreen(header["width"], header["height"])
+    for frame in frames:
+        screen.feed(frame[2])
+    shown = screen.lines()
+    assert re.fullmatch(rf"{out['stats']['tokens']} tokens · 8 steps · \d+\.\d s", shown[0]), shown[0]
+    squeeze = lambda s: re.sub(r"\s", "", s)  # noqa: E731
+    assert squeeze("".join(shown[1:])) == squeeze(out["text"].translate(VISIBLE_CONTROLS))
+    assert sorted(p.name for p in target.parent.iterdir()) == ["answer.cast"]  # written atomically
+
+
+def test_record_refuses_bad_targets_and_settings_before_loading(tmp_path: Path, llada_gguf: Path) -> None:
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    for extra, pattern in (
+        (["--record", str(tmp_path)], "a folder"),
+        (["--record", str(blocker / "x.cast")], "is a file, not a folder"),
+        (["--record", str(tmp_path / "x.cast"), "--record-pace", "fast"], "--record-pace must be"),
+        (["--record", str(tmp_path / "x.cast"), "--record-width", "5"], "width must be 20-400"),
+    ):
+        # a missing model file proves the check runs before the model would load
+        _one_line_error(dgchat("generate", "-m", str(tmp_path / "none.gguf"), "-p", "x", *extra), pattern)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a file"]

@@ -143,6 +143,13 @@ def test_generate_on_a_server_from_the_command_line(server, llada_gguf: Path, tm
                      "--visual")
     assert visual.returncode == 0, visual.stderr
     assert len(visual.stdout.strip().splitlines()) >= 6
+    # --record: the server streams each step's canvas, recorded as a local run would be
+    cast = tmp_path / "remote.cast"
+    recorded = _dgchat("generate", "--server", server.url, "-p", "hi", "--steps", "6", "--gen-length", "12",
+                       "--record", str(cast), "--record-pace", "0.1")
+    assert recorded.returncode == 0, recorded.stderr
+    frames = [json.loads(line) for line in cast.read_text(encoding="utf-8").splitlines()[1:]]
+    assert [round(f[0], 3) for f in frames if "step " in f[2]] == [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]
 
 
 def test_clear_errors_on_the_command_line(engine) -> None:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from dgchat.app.engine_protocol import Engine
 from dgchat.model_backend.canvas import Cell
 from dgchat.model_backend.canvas_view import (
     DRAFT,
     HOLE,
     PLACEHOLDER,
     VISIBLE_CONTROLS,
+    TokenText,
     shown_cells,
 )
 from dgchat.model_backend.events import StepEvent
@@ -26,6 +26,7 @@ from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
+from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 
@@ -105,9 +106,11 @@ def progress_text(event: StepEvent, *, stopping: bool = False) -> str:
 class LiveCanvas(Widget):
     """Shows one StepEvent; `show()` replaces it.
 
-    Drawn with Textual's line API: `show()` builds and wraps the text once per event into strips,
-    and asks for a new layout only when the number of lines changes; repaints in between just hand
-    out the cached strips. This keeps the UI thread's share of the CPU (and of the GIL, which the
+    Drawn with Textual's line API: `show()` builds and wraps the text once per event into strips
+    and repaints only the lines that changed; it asks for a new layout only when the canvas needs
+    more lines than it has (it takes the room its first canvas will need when it is mounted, so
+    that happens a few times per answer at most); repaints in between just hand out the cached
+    strips. This keeps the UI thread's share of the CPU (and of the GIL, which the
     sampler needs too) small, so the generation runs at full speed while the canvas animates."""
 
     COMPONENT_CLASSES = {
@@ -122,9 +125,10 @@ class LiveCanvas(Widget):
     LiveCanvas { height: 2; }
     """
 
-    def __init__(self, engine: Engine, **kwargs: Any) -> None:
+    def __init__(self, vocab: TokenText, *, canvas_length: int = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.engine = engine
+        self.vocab = vocab  # the engine's vocabulary, or a recording's own (a replay)
+        self.canvas_length = canvas_length  # positions the first canvas will have: its room is reserved at once
         self.event: StepEvent | None = None
         self.stopping = False
         self.frames = 0  # rebuilds (one per event shown), for tests and the benchmark
@@ -134,11 +138,17 @@ class LiveCanvas(Widget):
         self._piece_cache: dict[int, tuple[str, int]] = {}
         self._hidden: frozenset[int] = frozenset()  # decided tokens not shown (a subclass's choice)
         self._canvas_styles: tuple[tuple[str, bool], dict[int, Style]] | None = None
+        self._combined_styles: tuple[tuple[str, bool], Style, dict[int, Style]] | None = None
 
     def show(self, event: StepEvent) -> bool:
         """Display `event`; True when the canvas changed height (the layout changes)."""
         self.event = event
         return self._rebuild()
+
+    @property
+    def text_lines(self) -> int:
+        """Lines drawn now (the progress line and the text), without the room kept below them."""
+        return len(self._strips)
 
     def mark_stopping(self) -> None:
         self.stopping = True
@@ -191,7 +201,7 @@ class LiveCanvas(Widget):
         """Display text of a token (control characters made visible) and its width in cells."""
         cached = self._piece_cache.get(token)
         if cached is None:
-            text = self.engine.piece(token).translate(_VISIBLE_CONTROLS)
+            text = self.vocab.piece(token).translate(_VISIBLE_CONTROLS)
             cached = (text, cell_len(text.replace("\n", "")))
             self._piece_cache[token] = cached
         return cached
@@ -203,7 +213,7 @@ class LiveCanvas(Widget):
         piece = self._piece
         hidden = self._hidden
         spans: list[tuple[str, int, int]] = []
-        for tok, key in shown_cells(event, self.engine):
+        for tok, key in shown_cells(event, self.vocab):
             if tok == HOLE:
                 spans.append((PLACEHOLDER, 1, Cell.MASKED))
             elif tok not in hidden:
@@ -221,17 +231,19 @@ class LiveCanvas(Widget):
             return False
         self._built_for = key
         self.frames += 1
-        base = self.rich_style
-        progress_style = base + self._styles()[_PROGRESS]
+        base, styles = self._line_styles()
+        progress_style = styles[_PROGRESS]
+        old = self._strips
         if self.event is None:
             head = Segment("waiting for the first step…"[:width], progress_style)
             self._strips = [Strip([head]).adjust_cell_length(width, base)]
         else:
-            styles = {k: base + v for k, v in self._styles().items()}
             line = progress_text(self.event, stopping=self.stopping)
             head = Strip([Segment(line, progress_style)]).crop(0, width).adjust_cell_length(width, base)
             self._strips = [head, *_wrap(self._spans(), styles, width, base)]
         needed = len(self._strips)
+        if self.event is None:
+            needed = max(needed, 1 + self._planned_rows(width))
         if needed > self._height:
             # A new height means a new layout of the whole conversation (costly, and it scrolls):
             # reserve room for the undecided positions at the width tokens have had so far, so the
@@ -239,8 +251,41 @@ class LiveCanvas(Widget):
             self._height = needed + self._room_to_grow(width)
             self.styles.height = self._height
             return True
-        self.refresh()
+        self._refresh_changed(old, width)
         return False
+
+    def _refresh_changed(self, old: list[Strip], width: int) -> None:
+        """Repaint only the lines that differ from the last frame. A step decides a few tokens, so
+        usually the progress line and a line or two of text change; Textual then renders and writes
+        those rows alone instead of the whole canvas."""
+        new = self._strips
+        regions: list[Region] = []
+        first: int | None = None
+        for y in range(max(len(old), len(new)) + 1):
+            same = y >= len(old) and y >= len(new) or (y < len(old) and y < len(new) and old[y] == new[y])
+            if not same and first is None:
+                first = y
+            elif same and first is not None:
+                regions.append(Region(0, first, width, y - first))
+                first = None
+        if regions:
+            self.refresh(*regions)
+
+    def _line_styles(self) -> tuple[Style, dict[int, Style]]:
+        """The widget's own style and each cell state's style on top of it (cached per theme)."""
+        key = (self.app.theme, self.app.no_color)
+        cached = self._combined_styles
+        if cached is None or cached[0] != key:
+            base = self.rich_style
+            cached = (key, base, {k: base + v for k, v in self._styles().items()})
+            self._combined_styles = cached
+        return cached[1], cached[2]
+
+    def _planned_rows(self, width: int) -> int:
+        """Lines for a canvas of `canvas_length` undecided positions once they are decided, at
+        English's ~4 cells a token: taken when the canvas is mounted, so that the first steps do not
+        each make the conversation lay out again."""
+        return -(-self.canvas_length * int(TYPICAL_TOKEN_CELLS) // width) if self.canvas_length else 0
 
     def _room_to_grow(self, width: int) -> int:
         event = self.event

@@ -18,6 +18,14 @@ from textual.containers import VerticalScroll
 
 class Conversation(VerticalScroll):
     following: bool = True  # the view stays at the end (the user has not scrolled up)
+    # a live canvas is drawing: the chat screen keeps its text in view (not the end: the canvas keeps
+    # empty room below its text for the tokens to come), so this widget leaves the scrolling alone
+    live: bool = False
+
+    def end_live(self, follow: bool) -> None:
+        """The live canvas is gone: back to keeping the end in view if the user was following."""
+        self.live = False
+        self.follow(follow)
 
     def follow(self, on: bool = True) -> None:
         """Go to the end and stay there (`on`), or leave the view where it is put next (a search
@@ -28,12 +36,14 @@ class Conversation(VerticalScroll):
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
+        if self.live:
+            return
         if new_value < old_value and new_value >= self.max_scroll_y:
             return  # clamped by a shorter layout (messages removed), not scrolled by the user
         self.following = new_value >= self.max_scroll_y
 
     def _keep_at_end(self) -> None:
-        if self.following:
+        if self.following and not self.live:
             self.scroll_end(animate=False)  # after the refresh: the new layout's end
 
     def watch_virtual_size(self) -> None:

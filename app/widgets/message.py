@@ -2,6 +2,8 @@
 
 A turn with several versions (regenerated answers, edited prompts) shows "‹ 2/3 ›" in the header;
 [ / ] (or Left / Right) on the focused message flip between them (the chat screen does the flip).
+`p` on an answer replays its denoising in place of its text (app/widgets/replay.py) and `x` exports
+that as an asciicast; the chat screen loads the recording.
 """
 
 from __future__ import annotations
@@ -9,6 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from dgchat.app.store import Message
+from dgchat.app.widgets.replay import ReplayView
+from dgchat.recording.history import DenoisingHistory
+from markdown_it import MarkdownIt
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -84,6 +89,8 @@ class MessageView(Vertical, can_focus=True):
         Binding("r", "regenerate", "Regenerate", id="message.regenerate"),
         Binding("left_square_bracket,left", "older_version", "Older version", id="message.older_version"),
         Binding("right_square_bracket,right", "newer_version", "Newer version", id="message.newer_version"),
+        Binding("p", "replay", "Replay", id="message.replay"),
+        Binding("x", "export_recording", "Export .cast", show=False, id="message.export_recording"),
     ]
 
     class Action(TextualMessage):
@@ -106,7 +113,7 @@ class MessageView(Vertical, can_focus=True):
         if m.role == "user":
             yield Static(m.content, markup=False, classes="message--body")
         elif m.content.strip():
-            yield Markdown(m.content, classes="message--body")
+            yield Markdown(m.content, classes="message--body", parser_factory=markdown_parser)
         else:
             empty = "(stopped before any text was decided)" if m.status != "done" else "(empty answer)"
             yield Static(empty, markup=False, classes="message--body -empty")
@@ -118,7 +125,7 @@ class MessageView(Vertical, can_focus=True):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "edit":
             return self.message.role == "user"
-        if action == "regenerate":
+        if action in ("regenerate", "replay", "export_recording"):
             return self.message.role == "assistant"
         if action == "older_version":
             return self.message.versions > 1 and (self.message.version > 1 or None)
@@ -135,11 +142,47 @@ class MessageView(Vertical, can_focus=True):
     def action_regenerate(self) -> None:
         self.post_message(self.Action(self, "regenerate"))
 
+    def action_replay(self) -> None:
+        self.post_message(self.Action(self, "replay"))
+
+    def action_export_recording(self) -> None:
+        self.post_message(self.Action(self, "export_recording"))
+
+    @property
+    def replay(self) -> ReplayView | None:
+        found = self.query(ReplayView)
+        return found.first() if found else None
+
+    async def start_replay(self, history: DenoisingHistory) -> ReplayView:
+        """Show the answer's denoising in place of its text (until the replay is closed)."""
+        old = self.replay
+        if old is not None:
+            await old.remove()
+        for body in self.query(".message--body"):
+            body.display = False
+        view = ReplayView(history, classes="message--replay")
+        await self.mount(view, after=self.query_one(".message--header"))
+        view.focus()
+        return view
+
+    async def on_replay_view_closed(self, message: ReplayView.Closed) -> None:
+        message.stop()
+        await message.view.remove()
+        for body in self.query(".message--body"):
+            body.display = True
+        self.focus()
+
     def action_older_version(self) -> None:
         self.post_message(self.Action(self, "older_version"))
 
     def action_newer_version(self) -> None:
         self.post_message(self.Action(self, "newer_version"))
+
+
+def markdown_parser() -> MarkdownIt:
+    """Markdown without raw HTML: a model's `<b>` or `<unused12>` is text to show, not markup to
+    drop (Textual renders no HTML, so an answer made of such tokens showed as nothing)."""
+    return MarkdownIt("gfm-like", options_update={"html": False})
 
 
 def version_marker(message: Message) -> str:

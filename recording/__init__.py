@@ -1,0 +1,3 @@
+"""Recordings of the denoising: an answer's step history (history.py), the one renderer of a canvas
+frame as terminal text (frame_text.py) and asciicast files made from them (asciicast.py). Shared by
+`dgchat generate --visual / --record` and the app's replay and export; no UI framework here."""

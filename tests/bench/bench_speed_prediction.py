@@ -14,7 +14,7 @@ ratio checks the cost model, not a guess of how many steps a model takes. Rows:
   run (256 tokens, its typical 23 steps a canvas) against the tokens/s these `generate` runs made;
 - its masked-diffusion sibling (trained, LLaDA layout, cache-capable) at its defaults;
 - random-weight full-shape slices of DiffusionGemma 26B-A4B (make_fullshape_dg.py, q4_0): 2 and 4
-  layers, a 256-token canvas of 4 steps and 16 `--ar` tokens each; then the 30-layer model: the
+  layers, a 256-token canvas of 4 steps and 64 `--ar` tokens each; then the 30-layer model: the
   two measurements extrapolated by layer count against the prediction for the 30-layer file;
 - a random-weight LLaDA-8B-shaped slice (2 layers, hidden 4096, MLP 12288, 126,464 tokens, q4_K
   with a q6_K head), 4 steps over a 128-token canvas in blocks of 32.
@@ -91,6 +91,21 @@ class Table:
         return "\n".join(lines)
 
 
+def fastest(rounds: int, run) -> tuple[float, FinalEvent]:
+    """The shortest of `rounds` runs (seconds, and that run's final event): the machine profile
+    keeps the fastest of its timings too, so both sides describe the machine when nothing else
+    interferes (this VM's speed drifts by up to 2x between runs a few seconds apart)."""
+    best: tuple[float, FinalEvent] | None = None
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        final = run()
+        took = time.perf_counter() - t0
+        if best is None or took < best[0]:
+            best = (took, final)
+    assert best is not None
+    return best
+
+
 def fmt(x: float, unit: str) -> str:
     if unit == "tok/s":
         return f"{x:.1f} tok/s" if x < 100 else f"{x:.0f} tok/s"
@@ -105,18 +120,22 @@ def trained_rows(table: Table, dev, path: Path, name: str, args, *, typical_step
         shape = shape_of(engine, typical_steps)
         params = engine.resolve(DiffusionParams(seed=0))
         final_of(engine.generate(engine.chat_prompt([{"role": "user", "content": "Who goes there?"}]), params))
-        measured = predicted = 0.0
-        tokens = steps = 0
-        for i, p in enumerate(prompts):
-            messages = [{"role": "system", "content": p["system"]}, {"role": "user", "content": p["line"]}]
-            prompt = engine.chat_prompt(messages)
-            run_params = replace(params, seed=i)
-            t0 = time.perf_counter()
-            final = final_of(engine.generate(prompt, run_params))
-            measured += time.perf_counter() - t0
-            predicted += predicted_run(shape, dev, final, run_params)
-            tokens += final.stats.tokens
-            steps += final.stats.steps
+        prompts = [engine.chat_prompt([{"role": "system", "content": p["system"]}, {"role": "user", "content": p["line"]}])
+                   for p in prompts]
+        rounds = []
+        for _ in range(args.rounds):  # the same answers each round (same seeds): the fastest round counts
+            measured = predicted = 0.0
+            tokens = steps = 0
+            for i, prompt in enumerate(prompts):
+                run_params = replace(params, seed=i)
+                t0 = time.perf_counter()
+                final = final_of(engine.generate(prompt, run_params))
+                measured += time.perf_counter() - t0
+                predicted += predicted_run(shape, dev, final, run_params)
+                tokens += final.stats.tokens
+                steps += final.stats.steps
+            rounds.append(measured)
+        measured = min(rounds)
         table.add(name, f"{len(prompts)} answers at its defaults ({steps} steps)", measured, predicted)
         if typical_steps is not None:
             before = predict(shape, dev).tokens_per_s
@@ -139,16 +158,12 @@ def fullshape_rows(table: Table, dev, args) -> None:
             prompt = make_prompt(engine, 64)
             params = engine.resolve(DiffusionParams(steps=4, gen_length=256, max_tokens=256, seed=0, **FIXED_STEPS))
             final_of(engine.generate(prompt, replace(params, steps=1)))  # warm-up
-            t0 = time.perf_counter()
-            final = final_of(engine.generate(prompt, params))
-            diff_s = time.perf_counter() - t0
+            diff_s, final = fastest(args.rounds, lambda: final_of(engine.generate(prompt, params)))
             table.add(f"26B-A4B shape, {layers} layers (random)", "a 256-token canvas, 4 steps", diff_s,
                       predicted_run(shape, dev, final, params))
-            ar = engine.resolve(DiffusionParams(autoregressive=True, max_tokens=16, seed=0, early_stop=False))
+            ar = engine.resolve(DiffusionParams(autoregressive=True, max_tokens=64, seed=0, early_stop=False))
             final_of(engine.generate(prompt, replace(ar, max_tokens=2)))
-            t0 = time.perf_counter()
-            final = final_of(engine.generate(prompt, ar))
-            ar_s = time.perf_counter() - t0
+            ar_s, final = fastest(args.rounds, lambda: final_of(engine.generate(prompt, ar)))
             pred_ar = predict(shape, dev, prompt_tokens=prompt.size, answer_tokens=final.stats.tokens)
             table.add(f"26B-A4B shape, {layers} layers (random)", f"--ar, {final.stats.tokens} tokens", ar_s,
                       pred_ar.ar_seconds_per_answer)
@@ -164,8 +179,8 @@ def fullshape_rows(table: Table, dev, args) -> None:
                                  sampler={"steps": 4, "gen_length": 256})
     p30 = predict(shape30, dev, prompt_tokens=64, answer_tokens=256, steps=4)
     table.add("26B-A4B, 30 layers (extrapolated)", "a 256-token canvas, 4 steps", full[0], p30.seconds_per_answer)
-    p30ar = predict(shape30, dev, prompt_tokens=64, answer_tokens=16)
-    table.add("26B-A4B, 30 layers (extrapolated)", "--ar, 16 tokens", full[1], p30ar.ar_seconds_per_answer)
+    p30ar = predict(shape30, dev, prompt_tokens=64, answer_tokens=64)
+    table.add("26B-A4B, 30 layers (extrapolated)", "--ar, 64 tokens", full[1], p30ar.ar_seconds_per_answer)
 
 
 def llada_rows(table: Table, dev, args) -> None:
@@ -181,10 +196,9 @@ def llada_rows(table: Table, dev, args) -> None:
         prompt = (np.arange(64) % 1000 + 3).astype(np.int32)
         params = engine.resolve(DiffusionParams(steps=4, gen_length=128, block_length=32, seed=0, early_stop=False))
         final_of(engine.generate(prompt, params))
-        t0 = time.perf_counter()
-        final = final_of(engine.generate(prompt, params))
+        seconds, final = fastest(args.rounds, lambda: final_of(engine.generate(prompt, params)))
         table.add("LLaDA-8B shape, 2 layers (random)", f"a 128-token canvas, {final.stats.steps} steps",
-                  time.perf_counter() - t0, predicted_run(shape, dev, final, params))
+                  seconds, predicted_run(shape, dev, final, params))
 
 
 def main() -> None:
@@ -194,6 +208,7 @@ def main() -> None:
     ap.add_argument("--remeasure", action="store_true", help="measure the machine profile again first")
     ap.add_argument("--skip-fullshape", action="store_true", help="no 26B-A4B or LLaDA-8B slices (quick)")
     ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3, help="runs of each measurement; the fastest counts")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     t0 = time.perf_counter()

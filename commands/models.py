@@ -177,6 +177,10 @@ def _list(args: argparse.Namespace) -> int:
             print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
     if profile is not None:
         print(f"ANSWER: the predicted time of a 256-token answer here ({'; '.join(v for _, v in _speed_rows(profile))})")
+        estimated = {r.speed.prediction.basis for r in rows if r.speed and r.speed.prediction.basis != "measured"}
+        estimated |= {r.speed.after_rebuild.basis for r in rows if r.speed and r.speed.after_rebuild}
+        if estimated:
+            print(f"        GPU times are {sorted(estimated)[0]}: this engine build has measured no GPU")
     else:
         print("ANSWER: not predicted, this machine's speed is not measured (`dgchat models hardware --measure`)")
     if rec_row is not None and rec is not None:

@@ -211,7 +211,7 @@ async def test_a_download_is_asked_about_first_and_no_downloads_nothing(env, hub
             assert body == ("Dream v0 Instruct 7B, Q4_K_M: ≈4.4 GiB to download from the Hugging Face hub "
                             "(bartowski/Dream-org_Dream-v0-Instruct-7B-GGUF).\n"
                             "Disk: needs 4.4 GiB in ~/dgchat-home/data/models; 200.0 GiB free there.\n"
-                            "Answers here: about 50 min per answer on this CPU (256 tokens, 0.09 tokens/s); too slow "
+                            "Answers here: about 2.4 h per answer on this CPU (256 tokens, 0.03 tokens/s); too slow "
                             "here."), body
             title = str(modal.query_one(".dialog--title").render())
             assert title == ("Download this model?" if how in ("p", "#m-pull") else "Download and use this model?")
@@ -395,14 +395,14 @@ async def test_answer_times_and_the_too_slow_badge(env, hub):
         def cells(name: str) -> list[str]:
             return [str(c) for c in table.get_row_at([r.name for r in screen.rows].index(name))]
 
-        assert cells(DREAM_NAME)[-2:] == ["too slow here", "~50 min"]
+        assert cells(DREAM_NAME)[-2:] == ["too slow here", "~2.4 h"]
         assert cells("diffusiongemma-26b-a4b-q8_0")[-2:] == ["will not fit", "-"]
         bundled = next(r for r in screen.rows if r.name == "dgchat-tiny-plays")
         assert cells("dgchat-tiny-plays")[-1] == bundled.speed.short() and not bundled.speed.too_slow
         await _select(pilot, screen, DREAM_NAME)
         detail = str(screen.query_one("#models-detail").render())
         assert detail.startswith("Dream v0 Instruct 7B, Q4_K_M — too slow here\n")
-        assert ("Speed: about 50 min per answer on this CPU (256 tokens, 0.09 tokens/s)\n"
+        assert ("Speed: about 2.4 h per answer on this CPU (256 tokens, 0.03 tokens/s)\n"
                 "Predicted from this machine's measured speed.\n"
                 "Too slow here: over the 90 s a 256-token answer may take (answer_seconds_limit in the config).") \
             in detail
@@ -437,7 +437,7 @@ async def test_the_screen_measures_the_machine_when_no_profile_is_saved(env, mon
         await wait_for(pilot, lambda: "Answer" in [str(c.label) for c in table.columns.values()],
                        what="the answer times")
         assert not line.display and screen.selected.name == DREAM_NAME  # the selection stays
-        assert "Speed: about 50 min per answer" in str(screen.query_one("#models-detail").render())
+        assert "Speed: about 2.4 h per answer" in str(screen.query_one("#models-detail").render())
         await pilot.press("escape")
         await pilot.pause()
         screen = await _open(pilot)

@@ -40,11 +40,11 @@ SIZES = [(140, 40), (80, 24), (60, 20)]
 SIZE_IDS = ["140x40", "80x24", "60x20"]
 BUNDLED = "dgchat-tiny-plays"
 # the reference profile's first summary row (hub.machine_profile.summary)
-MEASURED = "measured 2026-12-03 19:18:23 UTC with 2 threads in 6 s"
+MEASURED = "measured 2026-12-03 21:16:12 UTC with 2 threads in 9 s"
 # on the reference profile with 16 GiB and no GPU: every catalog model that fits is too slow
 WHY = ("★ dgchat tiny (bundled) is recommended: no catalog model is predicted to answer within 90 s on this "
-       "machine; the bundled model answers in ~{bundled}; passed over: Dream v0 Instruct 7B, Q4_K_M would need "
-       "~50 min per answer here; LLaDA 8B Instruct, Q4_K_M would need ~52 min per answer here (and 1 more).")
+       "machine; the bundled model answers in {bundled}; passed over: Dream v0 Instruct 7B, Q4_K_M would need "
+       "~2.4 h per answer here; LLaDA 8B Instruct, Q4_K_M would need ~2.5 h per answer here (and 1 more).")
 
 
 @pytest.fixture
@@ -126,11 +126,11 @@ async def test_the_wizard_speaks_of_speed_at_every_size(env, hub, size):
 
         bundled = next(r for r in wiz.rows if r.name == BUNDLED)
         assert wiz.choice is bundled and bundled.recommended
-        assert _text(wiz.query_one("#model-why")) == WHY.format(bundled=bundled.speed.short()[1:])
+        assert _text(wiz.query_one("#model-why")) == WHY.format(bundled=bundled.speed.short())
         table = wiz.query_one("#wiz-models")
         assert "Answer" in _columns(table)
         dream = _cells(wiz, DREAM_NAME)
-        assert dream[-1] == "~50 min"
+        assert dream[-1] == "~2.4 h"
         assert dream[-2] == ("too slow" if size[0] < 70 else "too slow here")
         assert _cells(wiz, "diffusiongemma-26b-a4b-q4_k_m")[-2:] == (
             ["too big", "-"] if size[0] < 70 else ["will not fit", "-"])  # no fit, no prediction
@@ -143,7 +143,7 @@ async def test_the_wizard_speaks_of_speed_at_every_size(env, hub, size):
         await select_row(pilot, wiz, DREAM_NAME)
         detail = _text(wiz.query_one("#model-detail"))
         assert detail.startswith("Dream v0 Instruct 7B, Q4_K_M — too slow here")
-        assert "Speed: about 50 min per answer on this CPU (256 tokens, 0.09 tokens/s)" in detail
+        assert "Speed: about 2.4 h per answer on this CPU (256 tokens, 0.03 tokens/s)" in detail
         assert "Too slow here: over the 90 s a 256-token answer may take (answer_seconds_limit in the config)." \
             in detail
         await _main_button_shown(pilot, str((size, "model, Download")))
@@ -169,7 +169,7 @@ async def test_the_download_asks_first(env, hub):
             "Dream v0 Instruct 7B, Q4_K_M: ≈4.4 GiB to download from the Hugging Face hub "
             "(bartowski/Dream-org_Dream-v0-Instruct-7B-GGUF).\n"
             "Disk: needs 4.4 GiB in ~/dgchat-home/data/models; 200.0 GiB free there.\n"
-            "Answers here: about 50 min per answer on this CPU (256 tokens, 0.09 tokens/s); too slow here.")
+            "Answers here: about 2.4 h per answer on this CPU (256 tokens, 0.03 tokens/s); too slow here.")
         await press(pilot, "#no")
         await wait_for(pilot, lambda: app.screen is wiz, what="the wizard again")
         assert wiz.step == "model" and wiz.pull_task is None and wiz.choice.name == DREAM_NAME
@@ -236,15 +236,15 @@ async def test_a_gpu_this_build_cannot_use(env, monkeypatch, size):
                             "Q4_K_M would answer in ~22 s.")
         await select_row(pilot, wiz, DREAM_NAME)
         detail = _text(wiz.query_one("#model-detail"))
-        assert ("Speed: about 50 min per answer on this CPU (256 tokens, 0.09 tokens/s) · with your GPU after "
+        assert ("Speed: about 2.4 h per answer on this CPU (256 tokens, 0.03 tokens/s) · with your GPU after "
                 "rebuilding: ~22 s") in detail
         assert "the GPU time estimated from published figures" in detail
         assert f"To use your GPU, rebuild the engine (in dgchat's source folder): {command}" in detail
         cells = _cells(wiz, DREAM_NAME)
         if size[0] >= 140:  # room for both times in the table; narrower, the detail says it
-            assert cells[-1] == "~50 min · GPU ~22 s"
+            assert cells[-1] == "~2.4 h · GPU ~22 s"
         else:
-            assert cells[-1] == "~50 min"
+            assert cells[-1] == "~2.4 h"
 
 
 async def test_without_a_profile_the_machine_is_measured_in_the_background(env, monkeypatch):

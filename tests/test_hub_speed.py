@@ -336,7 +336,7 @@ def test_cli_models_list_json_has_predictions(capsys: pytest.CaptureFixture) -> 
 @pytest.mark.measures
 def test_measure_this_machine() -> None:
     """The real measurement (a few seconds): every figure positive and in a plausible range."""
-    from dgchat.hub.machine_profile import MATMUL_TYPES, WIDTHS, measure
+    from dgchat.hub.machine_profile import MATMUL_TYPES, OUTPUT_TYPES, WIDTHS, measure
 
     seen = []
     profile = measure(progress=lambda f, what: seen.append((f, what)))
@@ -345,7 +345,8 @@ def test_measure_this_machine() -> None:
     for qtype, row in cpu.matmul.items():
         assert all(0 < v < 1e-6 for v in row.values()), qtype
         assert row[256] > row[1], qtype  # 256 tokens cost more than one per weight
-        head = cpu.output[qtype]
+    assert set(cpu.output) == set(OUTPUT_TYPES)
+    for qtype, head in cpu.output.items():  # the LM head's product, for the types heads are stored as
         assert set(head) == set(WIDTHS) and all(0 < v < 1e-6 for v in head.values()) and head[256] > head[1]
     bandwidth = bytes_per_weight("q8_0") / cpu.matmul["q8_0"][1]
     assert 0.5e9 < bandwidth < 2e12

@@ -125,6 +125,7 @@ def _list(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
 
+    from dgchat.hub.machine_profile import summary
     from dgchat.hub.manager import ModelManager
     from dgchat.hub.util import format_bytes
 
@@ -176,7 +177,7 @@ def _list(args: argparse.Namespace) -> int:
         for line in (header, *lines):
             print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
     if profile is not None:
-        print(f"ANSWER: the predicted time of a 256-token answer here ({'; '.join(v for _, v in _speed_rows(profile))})")
+        print(f"ANSWER: the predicted time of a 256-token answer here ({summary(profile)[0][1]})")
         estimated = {r.speed.prediction.basis for r in rows if r.speed and r.speed.prediction.basis != "measured"}
         estimated |= {r.speed.after_rebuild.basis for r in rows if r.speed and r.speed.after_rebuild}
         if estimated:
@@ -190,12 +191,6 @@ def _list(args: argparse.Namespace) -> int:
                       overflow="ignore", crop=False)
         console.print(f"  why: {escape(rec.reason)}", soft_wrap=True)
     return 0
-
-
-def _speed_rows(profile) -> list[tuple[str, str]]:
-    from dgchat.hub.machine_profile import summary
-
-    return summary(profile)[:1]
 
 
 # -- pull ---------------------------------------------------------------------------------------------

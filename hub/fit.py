@@ -191,8 +191,8 @@ def speed_verdict(shape: ModelShape, est: FitEstimate, hw: Hardware, profile: Ma
     is present that the build cannot offload to, on that GPU after rebuilding)."""
     from dgchat.hub.speed import estimated_gpu_profile, predict, predict_split
 
-    def on_gpu(gpu) -> SpeedPrediction:
-        vram = usable_vram(hw) or usable_vram(replace(hw, gpu_offload=True))
+    def on_gpu(gpu) -> SpeedPrediction:  # all layers on it when they fit, else split by its memory
+        vram = usable_vram(replace(hw, gpu_offload=True))
         if vram and est.need <= vram:
             return predict(shape, gpu)
         if vram:
@@ -203,7 +203,7 @@ def speed_verdict(shape: ModelShape, est: FitEstimate, hw: Hardware, profile: Ma
         gpu = profile.gpu or estimated_gpu_profile(hw.gpus[0] if hw.gpus else None)
         return SpeedVerdict(on_gpu(gpu), limit_s)
     cpu = predict(shape, profile.cpu)
-    if hw.gpus:
+    if hw.gpus and usable_vram(replace(hw, gpu_offload=True)):  # a GPU whose memory is known
         after = on_gpu(estimated_gpu_profile(hw.gpus[0]))
         return SpeedVerdict(cpu, limit_s, after_rebuild=after, rebuild=rebuild_command(hw.gpus[0].kind))
     return SpeedVerdict(cpu, limit_s)

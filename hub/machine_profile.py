@@ -221,6 +221,7 @@ def measure(threads: int | None = None, *, progress: Progress | None = None,
     parts = 2 if do_gpu else 1
     cache = app_paths.cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
+    remove_stale_probes()  # a measurement that was killed leaves its probe files behind
     with tempfile.TemporaryDirectory(prefix="probe-", dir=cache) as tmp:
         def part(i: int) -> Progress | None:
             if progress is None:
@@ -546,10 +547,16 @@ def _host_head_costs() -> tuple[float, float, float]:
     return stats, 0.0, exact
 
 
-def remove_stale_probes() -> None:
-    """Probe folders left by a measurement that was killed."""
+def remove_stale_probes(older_than_s: float = 3600.0) -> None:
+    """Probe folders left by a measurement that was killed (an hour old: not one running now in
+    another dgchat process)."""
+    now = time.time()
     for p in app_paths.cache_dir().glob("probe-*"):
-        if p.is_dir():
+        try:
+            stale = p.is_dir() and now - p.stat().st_mtime > older_than_s
+        except OSError:
+            continue
+        if stale:
             shutil.rmtree(p, ignore_errors=True)
 
 

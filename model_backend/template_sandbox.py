@@ -10,8 +10,8 @@ hours, `{{ 'x' * 20000000000 }}` allocates until MemoryError. Two layers bound t
    cut off at MAX_OUTPUT characters.
 2. Rendering runs in a separate process (`chat_template.TemplateWorker` starts this file as a
    script): an address-space limit (RLIMIT_AS) turns any runaway allocation into MemoryError, a
-   SIGALRM deadline interrupts a long loop, and the parent kills the process outright if neither
-   answers in time. The app's UI and the server's event loop never wait on a template.
+   CPU-time deadline (ITIMER_PROF, SIGPROF) interrupts a long loop, and the parent kills the process
+   outright if neither answers in time (wall clock). The app's UI and the server's event loop never wait on a template.
 
 This module imports nothing from dgchat (the worker runs it with `python -I`), only Jinja2 and the
 standard library. Protocol: length-prefixed JSON requests on stdin, answers on stdout.
@@ -34,7 +34,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 MAX_OUTPUT = 8 * 1024 * 1024  # characters of rendered text (a whole long chat is well under 1 MB)
 MAX_SIZE = 8 * 1024 * 1024  # characters of any string, items of any list the template builds
 MAX_INT_BITS = 4096  # integers the template computes (10 ** 10 ** 10 would take forever in C)
-RENDER_SECONDS = 2.0  # the worker's own deadline per render (the parent's is a little longer)
+RENDER_SECONDS = 2.0  # the worker's own deadline per render, in CPU seconds (the parent's, wall clock, is longer)
 MEMORY_LIMIT = 1024 * 1024 * 1024  # the worker's address space
 _WIDTH = re.compile(r"%[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?[a-zA-Z%]")
 _FORMAT_WIDTH = re.compile(r"\{[^{}]*?:[^{}]*?(\d{7,})")
@@ -263,7 +263,10 @@ def _serve() -> None:
     def on_alarm(_sig: int, _frame: Any) -> None:
         raise Deadline()
 
-    signal.signal(signal.SIGALRM, on_alarm)
+    # CPU time, not wall time: a template that loops burns CPU, while a machine busy with other work
+    # (a build, a test suite, the model itself) only stretches the wall clock; a wall-clock alarm
+    # stopped an ordinary template's first render (compile included) on a loaded 2-core machine
+    signal.signal(signal.SIGPROF, on_alarm)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     sys.setrecursionlimit(2000)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
@@ -285,11 +288,11 @@ def _serve() -> None:
             if source is None:
                 answer = {"ok": False, "kind": "unknown", "message": "template not sent"}
             else:
-                signal.setitimer(signal.ITIMER_REAL, RENDER_SECONDS)
+                signal.setitimer(signal.ITIMER_PROF, RENDER_SECONDS)
                 try:
                     text = render(source, request["variables"])
                 finally:
-                    signal.setitimer(signal.ITIMER_REAL, 0)
+                    signal.setitimer(signal.ITIMER_PROF, 0)
                 answer = {"ok": True, "text": text}
         except BaseException as exc:  # noqa: BLE001 - every failure is an answer, never a dead worker
             kind, message = describe(exc)

@@ -50,7 +50,9 @@ def quote(text: Any, limit: int = limits.QUOTE_CHARS) -> str:
     """Text from a server as one bounded line for an error message: control characters and escape
     sequences made visible (the project's one rule, canvas_view.terminal_safe), line breaks as
     spaces, at most `limit` characters (cut with "…")."""
-    if not isinstance(text, str):
+    if isinstance(text, BaseException):
+        text = str(text) or type(text).__name__
+    elif not isinstance(text, str):
         text = show(text, limit)
     cut = text[: limit * 2]  # bound the work on a long text before translating it
     line = " ".join(terminal_safe(cut).split())

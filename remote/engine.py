@@ -259,7 +259,8 @@ class RemoteEngine:
     @property
     def label(self) -> str:
         kind = self.server_model.details.engine if self.is_dgchat and self.server_model.details else None
-        return f"remote ({kind} on {self.url})" if kind else f"remote ({self.url})"
+        # the server's own words, shown in status lines: one short line
+        return f"remote ({wire.quote(kind, 60)} on {self.url})" if kind else f"remote ({self.url})"
 
     @property
     def path(self) -> Path:

@@ -301,11 +301,6 @@ class DgchatDetails:
     has_kv_memory: bool = False
     file: dict[str, Any] | None = None  # the model file's identity (npc.generator.ModelMeta fields)
 
-    @property
-    def vocab_limit(self) -> int:
-        """Token ids must be below this (the vocabulary size, when the server says it)."""
-        return self.n_vocab or limits.MAX_VOCAB
-
 
 @dataclass(frozen=True)
 class ServerModel:

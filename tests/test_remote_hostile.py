@@ -466,8 +466,8 @@ def test_a_good_canvas_stream_is_read() -> None:
 def test_malformed_canvas_events_are_one_line(changes: dict, message: str) -> None:
     stream = _events(_chunk("Halt", ext=_frame(**changes)), _chunk(None, "stop", ext=FINAL), "[DONE]")
     with _server(models=_dg_models(), stream=stream) as server:
-        with pytest.raises(RemoteApiError, match=rf"^{re.escape(server.url)} sent an (invalid event|event that is not valid JSON): "
-                                                 rf".*{message}") as info:
+        pattern = rf"^{re.escape(server.url)} sent an (invalid event|event that is not valid JSON): .*{message}"
+        with pytest.raises(RemoteApiError, match=pattern) as info:
             _canvas_run(server.url)
     assert "\n" not in str(info.value) and len(str(info.value)) < 400
 

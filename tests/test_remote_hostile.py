@@ -462,6 +462,8 @@ def test_a_good_canvas_stream_is_read() -> None:
     ({"timing": "fast"}, r"`dgchat\.timing` must be an object"),
     ({"elapsed_s": "x"}, r"`dgchat\.elapsed_s` must be a number"),
     ({"uniform_state": 1}, r"`dgchat\.uniform_state` must be true or false"),
+    ({"settings": {"logit_bias": 5}}, r"`dgchat\.settings\.logit_bias` must be a list \(got 5\)"),
+    ({"settings": {"seed": -1}}, r"`dgchat\.settings\.seed`: --seed must be an integer >= 0"),
 ])
 def test_malformed_canvas_events_are_one_line(changes: dict, message: str) -> None:
     stream = _events(_chunk("Halt", ext=_frame(**changes)), _chunk(None, "stop", ext=FINAL), "[DONE]")

@@ -94,46 +94,80 @@ def _constant(name: str) -> Any:
     raise WireError(f"{name} is not a JSON number")
 
 
+# What only the slow, hook-based parse can check: an integer of 21 digits or more, an exponent of 3
+# digits (1e400 is inf), a \\uD800-\\uDFFF escape (a surrogate, perhaps lone). Most answers have none
+# of them (a canvas is thousands of small integers), and skip a Python call per number.
+_DIGITS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))  # digits as "0", the rest " "
+_EXPONENT = re.compile(rb"[eE][+-]?\d{3}")
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _needs_hooks(data: bytes) -> bool:
+    # bytes.translate and `in` run at C speed; a regex looking for 21 digits at every digit does not
+    return (b"0" * 21 in data.translate(_DIGITS) or _EXPONENT.search(data) is not None
+            or (b"\\u" in data and _SURROGATE.search(data) is not None))
+
+
 def loads(raw: bytes | str) -> Any:
     """JSON from a server, strictly: UTF-8, nested at most limits.MAX_DEPTH levels (a 100,000-deep
     document is a WireError, not a RecursionError), integers of at most 20 digits, finite numbers,
     no lone UTF-16 surrogates in strings (they cannot be written out again)."""
     if isinstance(raw, (bytes, bytearray, memoryview)):
+        data = bytes(raw)
         try:
-            text = bytes(raw).decode("utf-8")
+            text = data.decode("utf-8")
         except UnicodeDecodeError:
             raise WireError("it is not UTF-8 text") from None
     else:
         text = raw
+        data = raw.encode("utf-8", "surrogatepass")
+    slow = _needs_hooks(data)
     try:
-        value = json.loads(text, parse_int=_int, parse_float=_float, parse_constant=_constant)
+        if slow:
+            value = json.loads(text, parse_int=_int, parse_float=_float, parse_constant=_constant)
+        else:
+            value = json.loads(text, parse_constant=_constant)
     except json.JSONDecodeError as exc:
         raise WireError(f"it is not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
     except RecursionError:  # the C parser's own depth guard
         raise WireError(f"it is nested more than {limits.MAX_DEPTH} levels deep") from None
-    _check_tree(value)
+    _check_tree(value, strings=slow)
     return value
 
 
-def _check_tree(value: Any) -> None:
-    """Depth and strings of a parsed document, without recursion (a deep one cannot overflow this)."""
+_CONTAINERS = (list, dict)
+
+
+def _check_tree(value: Any, *, strings: bool) -> None:
+    """Depth (and with `strings`, lone surrogates) of a parsed document, without recursion (a deep
+    one cannot overflow this) and without a Python step per number or string of a list."""
+    if not isinstance(value, _CONTAINERS):
+        if strings and isinstance(value, str):
+            _check_strings([value])
+        return
     stack = [(value, 0)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, str):
-            if not item.isascii():
-                try:
-                    item.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise WireError("a string holds a lone UTF-16 surrogate (\\ud800-\\udfff)") from None
-        elif isinstance(item, (list, dict)):
-            if depth >= limits.MAX_DEPTH:
-                raise WireError(f"it is nested more than {limits.MAX_DEPTH} levels deep")
+        if depth >= limits.MAX_DEPTH:
+            raise WireError(f"it is nested more than {limits.MAX_DEPTH} levels deep")
+        children = list(item.values()) if isinstance(item, dict) else item
+        kinds = set(map(type, children))
+        if strings:
             if isinstance(item, dict):
-                stack.extend((k, depth + 1) for k in item)
-                stack.extend((v, depth + 1) for v in item.values())
-            else:
-                stack.extend((v, depth + 1) for v in item)
+                _check_strings(item.keys())
+            if str in kinds:
+                _check_strings(c for c in children if type(c) is str)
+        if list in kinds or dict in kinds:
+            stack.extend((c, depth + 1) for c in children if type(c) in _CONTAINERS)
+
+
+def _check_strings(strings: Any) -> None:
+    for item in strings:
+        if not item.isascii():
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise WireError("a string holds a lone UTF-16 surrogate (\\ud800-\\udfff)") from None
 
 
 # -- checked fields -------------------------------------------------------------------------------
@@ -182,13 +216,28 @@ def check_list(value: Any, path: str, max_items: int) -> list:
     return value
 
 
+def int_array(value: Any, path: str, lo: int, hi: int, what: str, max_items: int = limits.MAX_COUNT) -> np.ndarray:
+    """A list of integers, each in lo..hi (a canvas's thousands per step: checked in bulk), as int64."""
+    items = check_list(value, path, max_items)
+    if items and set(map(type, items)) == {int}:  # bool is its own type: refused below
+        array = np.asarray(items, dtype=np.int64)  # integers have at most 20 digits (loads): may not fit
+        if int(array.min()) >= lo and int(array.max()) <= hi:
+            return array
+    elif not items:
+        return np.zeros(0, dtype=np.int64)
+    for k, t in enumerate(items):  # the first one out of range, for the message
+        if not _is_int(t) or not lo <= t <= hi:
+            raise WireError(f"`{path}[{k}]` must be {what} (got {show(t)})")
+    raise WireError(f"`{path}` must hold {what}s")  # not reached: some item failed above
+
+
 def token_ids(value: Any, path: str, vocab: int, max_items: int = limits.MAX_COUNT) -> np.ndarray:
     """A list of token ids, each in 0..vocab-1, as int32."""
-    items = check_list(value, path, max_items)
-    for k, t in enumerate(items):
-        if not _is_int(t) or not 0 <= t < vocab:
-            raise WireError(f"`{path}[{k}]` must be a token id in 0..{vocab - 1} (got {show(t)})")
-    return np.asarray(items, dtype=np.int32)
+    try:
+        array = int_array(value, path, 0, vocab - 1, f"a token id in 0..{vocab - 1}", max_items)
+    except OverflowError:  # an id beyond int64
+        raise WireError(f"`{path}` holds a token id beyond 0..{vocab - 1}") from None
+    return array.astype(np.int32)
 
 
 class Obj:
@@ -439,6 +488,9 @@ def _pieces(value: Any, path: str, count: int) -> list[str | None]:
     items = check_list(value, path, count)
     if len(items) != count:
         raise WireError(f"`{path}` has {len(items)} entries for {count} tokens")
+    if set(map(type, items)) <= {str, type(None)} and max(map(len, filter(None, items)), default=0) \
+            <= limits.MAX_PIECE_CHARS:
+        return items  # the usual case, checked in bulk
     for k, text in enumerate(items):
         if text is not None:
             check_str(text, f"{path}[{k}]", limits.MAX_PIECE_CHARS)
@@ -454,9 +506,10 @@ def parse_canvas(obj: Obj, vocab: int) -> CanvasFrame:
     else:
         if len(state_list) != n:
             raise WireError(f"`{obj.at('state')}` has {len(state_list)} entries for {n} tokens")
-        for k, s in enumerate(state_list):
-            check_int(s, f"{obj.at('state')}[{k}]", 0, 3)
-        state = np.asarray(state_list, dtype=np.int8)
+        try:
+            state = int_array(state_list, obj.at("state"), 0, 3, "an integer in 0..3").astype(np.int8)
+        except OverflowError:
+            raise WireError(f"`{obj.at('state')}` holds a number beyond 0..3") from None
     answer = obj.tokens("answer_tokens", vocab, None)
     answer_pieces = None
     if answer is not None and obj.has("answer_text"):

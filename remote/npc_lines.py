@@ -145,7 +145,7 @@ def check_servers(pool: ServerPool, *, on_drop: Callable[[str, str], None] | Non
     another server passes; if none does, the first server's error is raised. Servers serving
     different model files are an error: which one is meant cannot be told."""
     files = {}
-    failures: list[BaseException] = []
+    failures: list[tuple[str, BaseException]] = []
     for client in pool.live_clients():
         try:
             models = client.models()
@@ -155,14 +155,15 @@ def check_servers(pool: ServerPool, *, on_drop: Callable[[str, str], None] | Non
                     f"{client.url} is not a dgchat serve server (or an older one): NPC lines need its /v1/infill; "
                     "other OpenAI servers (vLLM) can answer `dgchat generate --server` only")
         except (RemoteError, InvalidParameterError) as exc:
-            failures.append(exc)
-            pool.drop(client.url, str(exc))
-            if on_drop is not None:
-                on_drop(client.url, str(exc))
+            failures.append((client.url, exc))
             continue
         files[client.url] = details.file
     if not files:
-        raise failures[0] if failures else RemoteError("no server left")
+        raise failures[0][1] if failures else RemoteError("no server left")
+    for url, exc in failures:  # others passed: the run goes on without these
+        pool.drop(url, str(exc))
+        if on_drop is not None:
+            on_drop(url, str(exc))
     prints = {f.get("fingerprint") for f in files.values()}
     if len(prints) > 1:
         listing = ", ".join(f"{u}: {wire.quote(f.get('file'), 80)}" for u, f in files.items())

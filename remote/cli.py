@@ -48,9 +48,9 @@ def server_choice(args: argparse.Namespace) -> tuple[list[str], str | None]:
             urls = [config.server_url]
     if not urls:
         return [], None
-    from dgchat.model_backend.errors import InvalidParameterError
-
     import math
+
+    from dgchat.model_backend.errors import InvalidParameterError
 
     for name in ("timeout", "deadline"):
         value = getattr(args, name, None)

@@ -196,7 +196,7 @@ def _run_remote(args: argparse.Namespace, url: str, api_key: str | None) -> int:
         raise InvalidParameterError("--n-gpu-layers and --threads set up a local model; the server has its own")
     visual = args.visual and not args.json
     engine = RemoteEngine.connect(url, api_key=api_key, timeout=args.timeout, retries=args.retries,
-                                  live_canvas=visual or recording is not None)
+                                  live_canvas=visual or recording is not None, deadline=args.deadline)
     try:
         unsupported = engine.unsupported(params)
         if unsupported:

@@ -183,8 +183,10 @@ def _generate_remote(urls: list[str], api_key: str | None, specs: list, args: ar
     console = Console(stderr=True)
     started = time.perf_counter()
     with ServerPool(urls, api_key=api_key, per_server=args.per_server, timeout=args.timeout,
-                    max_failures=args.retries + 1) as pool:
-        check_servers(pool)
+                    max_failures=args.retries + 1, deadline=args.deadline) as pool:
+        # a server that cannot be used is dropped with one line; the run goes on on the others
+        check_servers(pool, on_drop=lambda url, why: console.print(
+            f"dgchat: {url} dropped ({why}); going on without it", highlight=False, markup=False, soft_wrap=True))
         done = [0]
         if not console.is_terminal:
             def log(event) -> None:  # a build log: one line per entry and per retry
@@ -196,7 +198,7 @@ def _generate_remote(urls: list[str], api_key: str | None, specs: list, args: ar
                 else:
                     console.print(f"dgchat: {event.server} failed ({event.error}); "
                                   f"{'dropped it, ' if event.kind == 'dropped' else ''}retrying the entry elsewhere",
-                                  highlight=False, markup=False)
+                                  highlight=False, markup=False, soft_wrap=True)
 
             batches = generate_remote(pool, specs, max_attempts=args.max_attempts, on_event=log, cancel=cancel)
         else:
@@ -224,7 +226,7 @@ def _generate_remote(urls: list[str], api_key: str | None, specs: list, args: ar
             state = f"dropped: {stats.dropped}" if stats.dropped else (
                 f"{stats.failures} failed requests retried elsewhere" if stats.failures else "no failures")
             console.print(f"dgchat: {stats.url}: {stats.units} lines in {stats.busy_s:.1f} s "
-                          f"({stats.units_per_s:.1f} lines/s); {state}", highlight=False, markup=False)
+                          f"({stats.units_per_s:.1f} lines/s); {state}", highlight=False, markup=False, soft_wrap=True)
         total = sum(len(b.variants) for b in batches)
         console.print(f"dgchat: {total} lines from {len(specs)} entries on {len(urls)} server(s) in {elapsed:.1f} s "
                       f"({total / elapsed if elapsed > 0 else 0.0:.1f} lines/s)", highlight=False, markup=False)

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from dgchat.remote.client import API_KEY_ENV, DEFAULT_RETRIES, DEFAULT_TIMEOUT
+from dgchat.remote.client import API_KEY_ENV, DEFAULT_DEADLINE, DEFAULT_RETRIES, DEFAULT_TIMEOUT
 
 
 def add_server_args(parser: argparse.ArgumentParser, *, many: bool = False) -> None:
@@ -25,9 +25,12 @@ def add_server_args(parser: argparse.ArgumentParser, *, many: bool = False) -> N
                         f"users in `ps`: prefer ${API_KEY_ENV}")
     g.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                    help=f"give up on a server that sends nothing for this long (default {DEFAULT_TIMEOUT:g})")
+    g.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE, metavar="SECONDS",
+                   help=f"give up on a request that has not finished after this long, even while the server keeps "
+                        f"sending (default {DEFAULT_DEADLINE:g}; raise it for long answers on a slow server)")
     g.add_argument("--retries", type=int, default=DEFAULT_RETRIES, metavar="N",
                    help=f"tries again after 0.5, 1, 2, ... s when a server cannot be reached or answers 429/5xx "
-                        f"(default {DEFAULT_RETRIES})")
+                        f"(default {DEFAULT_RETRIES}; at most 15 s of waiting in all)")
     if many:
         g.add_argument("--per-server", type=int, default=2, metavar="N",
                        help="requests in flight on each server (default 2: one generating, one queued)")
@@ -45,10 +48,14 @@ def server_choice(args: argparse.Namespace) -> tuple[list[str], str | None]:
             urls = [config.server_url]
     if not urls:
         return [], None
+    import math
+
     from dgchat.model_backend.errors import InvalidParameterError
 
-    if args.timeout is not None and args.timeout <= 0:
-        raise InvalidParameterError(f"--timeout must be > 0 (got {args.timeout})")
+    for name in ("timeout", "deadline"):
+        value = getattr(args, name, None)
+        if value is not None and not (math.isfinite(value) and 0 < value <= 1e6):
+            raise InvalidParameterError(f"--{name} must be a number of seconds in (0, 1e6] (got {value:g})")
     if args.retries < 0:
         raise InvalidParameterError(f"--retries must be >= 0 (got {args.retries})")
     if args.api_key:

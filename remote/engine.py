@@ -52,9 +52,16 @@ from dgchat.model_backend.errors import ContextOverflowError, InvalidParameterEr
 from dgchat.model_backend.events import FinalEvent, GenerationStats, StepEvent, StepTiming
 from dgchat.model_backend.model_info import ModelInfo
 from dgchat.model_backend.params import DiffusionParams
-from dgchat.remote import wire
-from dgchat.remote.client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_RETRIES, DEFAULT_TIMEOUT, RemoteClient
+from dgchat.remote import limits, wire
+from dgchat.remote.client import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_DEADLINE,
+    DEFAULT_RETRIES,
+    DEFAULT_TIMEOUT,
+    RemoteClient,
+)
 from dgchat.remote.errors import RemoteApiError
+from dgchat.remote.limits import AnswerBudget
 
 SYNTHETIC_BASE = 1 << 30  # ids of text-only progress pieces: far above any vocabulary
 DEFAULT_CONTEXT = 8192  # a server that does not say its context length
@@ -111,16 +118,46 @@ class RemotePrompt(np.ndarray):
 
 class RemoteVocabulary:
     """`engine.model` for a remote engine: what the server said about its vocabulary and the
-    pieces it has shown so far (see the module docstring)."""
+    pieces it has shown so far (see the module docstring). What it keeps is bounded
+    (limits.MAX_PIECES tokens, limits.MAX_PIECE_TOTAL_CHARS characters): a server that shows ever
+    new token ids fails (RemoteApiError) instead of filling the memory."""
 
-    def __init__(self, n_vocab: int, end_tokens: Sequence[int]) -> None:
+    def __init__(self, n_vocab: int, end_tokens: Sequence[int], *, url: str = "") -> None:
         self.n_vocab = n_vocab
+        self.url = url
         self._ends = np.array(sorted(set(int(t) for t in end_tokens)), dtype=np.int32)
         self.eos = int(self._ends[0]) if self._ends.size else None
         self.eot = None
         self.bos = None
         self.pieces: dict[int, str] = {}
         self.special: set[int] = set(int(t) for t in end_tokens)
+        self._chars = 0
+
+    @property
+    def vocab_limit(self) -> int:
+        """Token ids a server may show are below this."""
+        return self.n_vocab or limits.MAX_VOCAB
+
+    def remember(self, tokens: Sequence[int], texts: Sequence[str | None], special: Sequence[int] = ()) -> None:
+        """Pieces (and special tokens) a server has shown; call with the engine's lock held."""
+        pieces = self.pieces
+        for t, text in zip(tokens, texts):
+            if text is None:
+                continue
+            old = pieces.get(t)
+            if old is None and len(pieces) >= limits.MAX_PIECES:
+                raise RemoteApiError(f"{self.url} showed more than {limits.MAX_PIECES} distinct tokens; stopped "
+                                     "reading (a vocabulary is smaller)", url=self.url, status=502)
+            self._chars += len(text) - (len(old) if old is not None else 0)
+            if self._chars > limits.MAX_PIECE_TOTAL_CHARS:
+                raise RemoteApiError(f"{self.url} showed more than {limits.MAX_PIECE_TOTAL_CHARS} characters of "
+                                     "token text; stopped reading", url=self.url, status=502)
+            pieces[t] = text
+        if special:
+            self.special.update(special)
+            if len(self.special) > limits.MAX_PIECES:
+                raise RemoteApiError(f"{self.url} marked more than {limits.MAX_PIECES} tokens special; stopped "
+                                     "reading", url=self.url, status=502)
 
     def eog_ids(self) -> np.ndarray:
         return self._ends.copy()
@@ -144,8 +181,10 @@ class _Choice:
     finish: str | None = None
     answer: np.ndarray | None = None  # answer_tokens of the current canvas (canvas extension)
     synthetic: list[int] | None = None  # text-only progress ids
-    final: dict[str, Any] | None = None  # the canvas extension's final record
+    final: wire.FinalRecord | None = None  # the canvas extension's final record
     steps: int = 0
+    text_bytes: int = 0  # UTF-8 bytes of `text` (bounded by the request's budget)
+    deltas: int = 0  # text deltas received: each carries at least one token
 
 
 class RemoteEngine:
@@ -157,22 +196,19 @@ class RemoteEngine:
         self.server_model = model
         self.live_canvas = live_canvas  # ask dgchat serve for canvas snapshots
         self.max_concurrency = max(1, max_concurrency)
-        d = model.details or {}
+        # every value read here was checked by remote.wire.parse_models (types, ranges)
+        d = model.details or wire.DgchatDetails()
         self.is_dgchat = model.is_dgchat
-        n_vocab = d.get("n_vocab") if isinstance(d.get("n_vocab"), int) else 0
-        self.model = RemoteVocabulary(n_vocab, [t for t in d.get("end_tokens", []) if isinstance(t, int)])
-        mask = d.get("mask_token") if isinstance(d.get("mask_token"), int) else None
+        self.model = RemoteVocabulary(d.n_vocab, d.end_tokens or (), url=client.url)
+        mask = d.mask_token
         if mask is not None:
             self.model.special.add(mask)
-        defaults = d.get("defaults") if isinstance(d.get("defaults"), dict) else {}
-        known = {f.name for f in fields(DiffusionParams)}
-        self._defaults = {k: (tuple(map(tuple, v)) if k == "logit_bias" else v) for k, v in defaults.items()
-                          if k in known and v is not None}
-        family = d.get("family") if d.get("family") in ("masked", "diffusion_gemma") else "remote"
+        self._defaults = dict(d.defaults)
+        family = d.family if d.family in ("masked", "diffusion_gemma") else "remote"
         self.info = ModelInfo(
-            architecture=str(d.get("architecture") or "remote"), family=family, preset=family,
+            architecture=d.architecture or "remote", family=family, preset=family,
             has_kv_memory=False, mask_token=mask, shift_logits=False, chat_template=None,
-            name=str(d.get("name") or model.id), context_length=int(model.context_length or DEFAULT_CONTEXT),
+            name=d.name or model.id, context_length=int(model.context_length or DEFAULT_CONTEXT),
             defaults=dict(self._defaults))
         self._synthetic_next = SYNTHETIC_BASE
         self._lock = threading.Lock()
@@ -180,10 +216,12 @@ class RemoteEngine:
     @classmethod
     def connect(cls, url: str, *, api_key: str | None = None, model: str | None = None,
                 timeout: float = DEFAULT_TIMEOUT, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-                retries: int = DEFAULT_RETRIES, live_canvas: bool = True) -> RemoteEngine:
+                retries: int = DEFAULT_RETRIES, live_canvas: bool = True,
+                deadline: float = DEFAULT_DEADLINE) -> RemoteEngine:
         """Ask the server for its models (this is where a wrong URL, a dead server or a wrong key
         shows) and stand in for `model` (default: the server's first)."""
-        client = RemoteClient(url, api_key=api_key, timeout=timeout, connect_timeout=connect_timeout, retries=retries)
+        client = RemoteClient(url, api_key=api_key, timeout=timeout, connect_timeout=connect_timeout, retries=retries,
+                              deadline=deadline)
         try:
             models = client.models()
             if model is None:
@@ -191,8 +229,10 @@ class RemoteEngine:
             else:
                 chosen = next((m for m in models if m.id == model), None)
                 if chosen is None:
-                    raise InvalidParameterError(f"{client.url} has no model {model!r} (it has: "
-                                                f"{', '.join(m.id for m in models)})")
+                    listed = ", ".join(wire.quote(m.id, 80) for m in models[:10])
+                    more = f" and {len(models) - 10} more" if len(models) > 10 else ""
+                    raise InvalidParameterError(f"{client.url} has no model '{wire.quote(model, 80)}' (it has: "
+                                                f"{listed}{more})")
         except BaseException:
             client.close()
             raise
@@ -218,8 +258,9 @@ class RemoteEngine:
 
     @property
     def label(self) -> str:
-        kind = (self.server_model.details or {}).get("engine") if self.is_dgchat else None
-        return f"remote ({kind} on {self.url})" if kind else f"remote ({self.url})"
+        kind = self.server_model.details.engine if self.is_dgchat and self.server_model.details else None
+        # the server's own words, shown in status lines: one short line
+        return f"remote ({wire.quote(kind, 60)} on {self.url})" if kind else f"remote ({self.url})"
 
     @property
     def path(self) -> Path:
@@ -261,8 +302,8 @@ class RemoteEngine:
         rules read only the model's header facts); other servers fill their own defaults, so only
         max_tokens is set here."""
         params = params or DiffusionParams()
-        d = self.server_model.details or {}
-        if self.is_dgchat and isinstance(d.get("model_defaults"), dict):
+        d = self.server_model.details
+        if self.is_dgchat and d is not None and d.model_defaults is not None:
             from dgchat.model_backend.engine import DiffusionEngine
 
             resolve = DiffusionEngine.resolve
@@ -270,8 +311,8 @@ class RemoteEngine:
                 from dgchat.model_backend.diffusion_gemma import DiffusionGemmaEngine
 
                 resolve = DiffusionGemmaEngine.resolve
-            shadow = _ResolveShadow(replace(self.info, defaults=dict(d["model_defaults"]),
-                                            has_kv_memory=bool(d.get("has_kv_memory"))), self.model)
+            shadow = _ResolveShadow(replace(self.info, defaults=dict(d.model_defaults),
+                                            has_kv_memory=d.has_kv_memory), self.model)
             return resolve(shadow, params)  # type: ignore[arg-type]
         if params.max_tokens is None:
             params = params.updated(max_tokens=params.gen_length or min(1024, self.n_ctx_max // 2))
@@ -419,29 +460,43 @@ class RemoteEngine:
 
     def _stream(self, path: str, body: dict[str, Any], n: int,
                 cancel: threading.Event | None) -> Iterator[tuple[int, StepEvent | FinalEvent]]:
+        """The events of one streamed request of `n` choices. What the server sends is held to the
+        request's budget (limits.AnswerBudget): max_tokens per choice is enforced here too, and a
+        server that sends more text, tokens or canvas than was asked for fails with one line."""
+        budget = AnswerBudget.of(body)
         choices = [_Choice() for _ in range(n)]
         usage: wire.Usage | None = None
         settings: dict[str, Any] = {}
         started = time.perf_counter()
-        for obj in self.client.stream(path, body, cancel=cancel):
+        read_ext = self.is_dgchat  # dgchat serve's extension (canvas frames, final records, settings)
+        vocab = self.model.vocab_limit
+        for obj in self.client.stream(path, body, cancel=cancel, budget=budget):
             try:
-                chunk = wire.parse_chunk(obj)
-            except ValueError:
-                raise RemoteApiError(f"{self.url} sent something that is not a completion chunk", url=self.url,
-                                     status=502) from None
+                chunk = wire.parse_chunk(obj, dgchat=read_ext, vocab=vocab)
+            except wire.WireError as exc:
+                raise RemoteApiError(f"{self.url} sent an invalid event: {exc}", url=self.url, status=502) from None
             usage = chunk.usage or usage
-            ext = chunk.dgchat or {}
-            if "settings" in ext and isinstance(ext["settings"], dict):
-                settings = ext["settings"]
-            if "canvas" in ext and isinstance(ext.get("choice"), int) and 0 <= ext["choice"] < n:
-                yield ext["choice"], self._canvas_step(choices[ext["choice"]], ext)
-            if ext.get("final") and isinstance(ext.get("choice"), int) and 0 <= ext["choice"] < n:
-                choices[ext["choice"]].final = ext
+            if chunk.settings is not None:
+                settings = chunk.settings
+            frame = chunk.canvas
+            if frame is not None and frame.choice < n:
+                yield frame.choice, self._canvas_step(choices[frame.choice], frame, budget)
+            if chunk.final is not None and chunk.final.choice < n:
+                if chunk.final.tokens.size > budget.max_tokens:
+                    raise self._over_budget(f"{chunk.final.tokens.size} answer tokens", budget)
+                choices[chunk.final.choice].final = chunk.final
             for c in chunk.choices:
                 if not 0 <= c.index < n:
                     continue
                 state = choices[c.index]
                 if c.text:
+                    state.text_bytes += len(c.text.encode("utf-8"))
+                    state.deltas += 1
+                    if state.text_bytes > budget.text_bytes:
+                        raise self._over_budget(f"more than {budget.text_bytes} bytes of text", budget)
+                    # each delta carries at least one token (a server may send several at once)
+                    if state.deltas > budget.max_tokens:
+                        raise self._over_budget(f"more than {budget.max_tokens} pieces of text", budget)
                     state.text += c.text
                     if not (self.is_dgchat and self.live_canvas):
                         yield c.index, self._text_step(state, c.text, started)
@@ -451,34 +506,33 @@ class RemoteEngine:
         for i, state in enumerate(choices):
             yield i, self._final(state, usage, settings, cancelled, n, started)
 
-    def _canvas_step(self, state: _Choice, ext: dict[str, Any]) -> StepEvent:
-        tokens = np.asarray(ext.get("tokens") or [], dtype=np.int64).astype(np.int32)
-        texts = ext.get("canvas") or []
-        pieces = self.model.pieces
+    def _over_budget(self, what: str, budget: AnswerBudget) -> RemoteApiError:
+        return RemoteApiError(f"{self.url} sent {what} for an answer of at most {budget.max_tokens} tokens "
+                              "(max_tokens); stopped reading", url=self.url, status=502)
+
+    def _canvas_step(self, state: _Choice, frame: wire.CanvasFrame, budget: AnswerBudget) -> StepEvent:
+        tokens = frame.tokens
+        if tokens.size > budget.canvas:
+            raise self._over_budget(f"a canvas of {tokens.size} positions", budget)
+        if frame.answer_tokens is not None and frame.answer_tokens.size > budget.answer_tokens:
+            raise self._over_budget(f"{frame.answer_tokens.size} answer tokens", budget)
         with self._lock:
-            for t, text in zip(tokens.tolist(), texts):
-                if isinstance(text, str):
-                    pieces[t] = text
-            if isinstance(ext.get("answer_tokens"), list):
-                answer = [int(t) for t in ext["answer_tokens"]]
-                for t, text in zip(answer, ext.get("answer_text") or []):
-                    if isinstance(text, str):
-                        pieces[t] = text
-                state.answer = np.asarray(answer, dtype=np.int32)
-            self.model.special.update(int(t) for t in ext.get("special") or [] if isinstance(t, int))
+            self.model.remember(tokens.tolist(), frame.pieces, frame.special)
+            if frame.answer_tokens is not None:
+                if frame.answer_pieces is not None:
+                    self.model.remember(frame.answer_tokens.tolist(), frame.answer_pieces)
+                state.answer = frame.answer_tokens
         if state.answer is None:
             state.answer = np.zeros(0, dtype=np.int32)
-        status = np.asarray(ext.get("state") or [0] * tokens.size, dtype=np.int8)
-        timing = ext.get("timing") if isinstance(ext.get("timing"), dict) else {}
+        status = frame.state
         state.steps += 1
         event = StepEvent(
-            step=int(ext.get("step") or state.steps), total_steps=int(ext.get("total_steps") or 0),
-            canvas_index=int(ext.get("canvas_index") or 0), canvas_step=int(ext.get("canvas_step") or state.steps),
+            step=frame.step or state.steps, total_steps=frame.total_steps, canvas_index=frame.canvas_index,
+            canvas_step=frame.canvas_step or state.steps,
             canvas=CanvasSnapshot(tokens, status, np.full(tokens.size, np.nan, dtype=np.float32)),
-            answer_tokens=state.answer, committed=int(ext.get("committed") or int(np.count_nonzero(status))),
-            canvas_length=int(tokens.size),
-            timing=StepTiming(float(timing.get("model_ms") or 0.0), float(timing.get("sampler_ms") or 0.0)),
-            elapsed_s=float(ext.get("elapsed_s") or 0.0), uniform_state=bool(ext.get("uniform_state")))
+            answer_tokens=state.answer, committed=frame.committed or int(np.count_nonzero(status)),
+            canvas_length=int(tokens.size), timing=StepTiming(frame.model_ms, frame.sampler_ms),
+            elapsed_s=frame.elapsed_s, uniform_state=frame.uniform_state)
         return event
 
     def _text_step(self, state: _Choice, delta: str, started: float) -> StepEvent:
@@ -486,7 +540,9 @@ class RemoteEngine:
             token = self._synthetic_next
             self._synthetic_next += 1
             self.model.pieces[token] = delta
-        state.synthetic = (state.synthetic or []) + [token]
+        if state.synthetic is None:
+            state.synthetic = []
+        state.synthetic.append(token)  # in place: an answer of many deltas stays linear
         state.steps += 1
         empty = np.zeros(0, dtype=np.int32)
         event = StepEvent(step=state.steps, total_steps=state.steps, canvas_index=0, canvas_step=state.steps,
@@ -497,17 +553,11 @@ class RemoteEngine:
 
     def _final(self, state: _Choice, usage: wire.Usage | None, settings: dict[str, Any], cancelled: bool, n: int,
                started: float) -> FinalEvent:
-        final = state.final or {}
+        final = state.final
         stats = GenerationStats()
-        raw_stats = final.get("stats") if isinstance(final.get("stats"), dict) else {}
-        for f in fields(GenerationStats):
-            value, default = raw_stats.get(f.name), getattr(stats, f.name)
-            if isinstance(value, bool) or value is None:
-                continue
-            if isinstance(default, float) and isinstance(value, (int, float)):
-                setattr(stats, f.name, float(value))
-            elif isinstance(value, type(default)):
-                setattr(stats, f.name, value)
+        raw_stats = final.stats if final is not None else {}  # checked fields of GenerationStats
+        for name, value in raw_stats.items():
+            setattr(stats, name, value)
         if not raw_stats:
             stats.steps = state.steps
             stats.elapsed_s = time.perf_counter() - started
@@ -515,16 +565,16 @@ class RemoteEngine:
             stats.prompt_tokens = usage.prompt_tokens
             if not raw_stats:
                 stats.tokens = usage.completion_tokens if n == 1 else stats.tokens
-        if isinstance(final.get("tokens"), list):
-            tokens = np.asarray(final["tokens"], dtype=np.int32)
+        if final is not None:
+            tokens = final.tokens
         else:
             tokens = np.asarray(state.synthetic or [], dtype=np.int32)
         if not stats.tokens and not raw_stats:
             stats.tokens = int(tokens.size)
         if cancelled:
             stop = "cancelled"
-        elif isinstance(final.get("stop_reason"), str):
-            stop = final["stop_reason"]
+        elif final is not None:
+            stop = final.stop_reason
         else:
             stop = {"stop": "eos", "length": "max_tokens"}.get(state.finish or "", state.finish or "eos")
         extra = {"server": self.url, "model": self.model_id, "finish_reason": state.finish, "settings": settings}

@@ -16,11 +16,20 @@ from dataclasses import fields, replace
 from typing import Any
 
 from dgchat.model_backend.errors import InvalidParameterError
-from dgchat.model_backend.params import DiffusionParams
+from dgchat.model_backend.params import MAX_SEED, DiffusionParams
 from dgchat.npc.cards import CharacterCard
-from dgchat.npc.generator import RETRY_SEED_STRIDE, HoleFill, LineBatch, LineSpec, LineVariant, ModelMeta
+from dgchat.npc.generator import (
+    MAX_COUNT,
+    RETRY_SEED_STRIDE,
+    HoleFill,
+    LineBatch,
+    LineSpec,
+    LineVariant,
+    ModelMeta,
+)
+from dgchat.remote import limits, wire
 from dgchat.remote.client import RemoteClient
-from dgchat.remote.errors import RemoteApiError
+from dgchat.remote.errors import RemoteApiError, RemoteError
 from dgchat.remote.pool import PoolEvent, ServerPool
 
 MAX_REMOTE_ATTEMPTS = 8  # /v1/infill's max_attempts bound
@@ -68,59 +77,96 @@ def infill_body(spec: LineSpec, *, max_attempts: int) -> dict[str, Any]:
     return body
 
 
-def _params(settings: Any, seed: int) -> DiffusionParams | None:
+def _params(settings: wire.Obj | None, seed: int) -> DiffusionParams | None:
     """The variant's resolved sampler settings back as DiffusionParams (export: `settings`)."""
-    if not isinstance(settings, dict):
+    if settings is None:
         return None
-    known = {f.name for f in fields(DiffusionParams)}
-    values = {k: v for k, v in settings.items() if k in known and k != "logit_bias"}
+    values = {k: v for k, v in wire.check_params(settings).items() if k != "logit_bias"}
     try:
         return replace(DiffusionParams(**values), seed=seed)
     except TypeError:
         return None
 
 
+MAX_LINE_CHARS = 1 << 16  # a line's text (a template and its holes)
+MAX_LINE_TOKENS = 1 << 13  # a variant's tokens (the canvas of a template)
+
+
+def _variant(c: wire.Obj, count: int) -> LineVariant:
+    index = c.int("index", 0, count - 1)
+    seed = c.int("seed", 0, MAX_SEED)
+    attempt = c.int("attempt", 0, 1 << 10)
+    holes = []
+    for k, item in enumerate(c.list("holes", MAX_LINE_TOKENS)):
+        h = wire.Obj(item, f"{c.at('holes')}[{k}]")
+        holes.append(HoleFill(h.str("text", MAX_LINE_CHARS), h.int("tokens", 0, MAX_LINE_TOKENS)))
+    length_scores = []
+    for k, item in enumerate(c.list("length_scores", MAX_LINE_TOKENS, [])):
+        where = f"{c.at('length_scores')}[{k}]"
+        pair = wire.check_list(item, where, 2)
+        if len(pair) != 2:
+            raise wire.WireError(f"`{where}` must be [lengths, score]")
+        lengths = [wire.check_int(n, f"{where}[0]", 0, MAX_LINE_TOKENS)
+                   for n in wire.check_list(pair[0], f"{where}[0]", MAX_LINE_TOKENS)]
+        length_scores.append((lengths, wire.check_number(pair[1], f"{where}[1]")))
+    problem = c.str("problem", 1024, None)
+    return LineVariant(
+        index=index, seed=seed, attempt=attempt, text=c.str("text", MAX_LINE_CHARS), holes=holes,
+        tokens=[int(t) for t in wire.token_ids(c.list("tokens", MAX_LINE_TOKENS), c.at("tokens"), limits.MAX_VOCAB)],
+        stop_reason=c.word("stop_reason"), score=c.number("score", None), length_scores=length_scores,
+        problem=problem, status="rejected" if problem else "new",
+        params=_params(c.obj("settings", None), seed + attempt * RETRY_SEED_STRIDE))
+
+
 def batch_from_infill(spec: LineSpec, answer: Any, url: str) -> LineBatch:
-    """The server's /v1/infill answer as the LineBatch a local run would have made."""
+    """The server's /v1/infill answer as the LineBatch a local run would have made. Every field is
+    checked (types, ranges, one variant per index): anything else is a RemoteApiError naming it."""
     try:
-        ext = answer["dgchat"]
-        model = ModelMeta(**ext["model"])
-        variants = []
-        for c in sorted(answer["choices"], key=lambda c: c["index"]):
-            attempt = int(c["attempt"])
-            problem = c.get("problem")
-            variants.append(LineVariant(
-                index=int(c["index"]), seed=int(c["seed"]), attempt=attempt, text=str(c["text"]),
-                holes=[HoleFill(str(h["text"]), int(h["tokens"])) for h in c["holes"]],
-                tokens=[int(t) for t in c["tokens"]], stop_reason=str(c["stop_reason"]),
-                score=None if c.get("score") is None else float(c["score"]),
-                length_scores=[(list(map(int, lengths)), float(score)) for lengths, score in c["length_scores"]],
-                problem=problem, status="rejected" if problem else "new",
-                params=_params(c.get("settings"), int(c["seed"]) + attempt * RETRY_SEED_STRIDE)))
-        settings = dict(ext["settings"])
-    except (KeyError, TypeError, ValueError) as exc:
+        top = wire.Obj(answer, "")
+        ext = top.obj("dgchat")
+        model = ModelMeta(**wire.model_file(ext.obj("model")))
+        settings = dict(ext.obj("settings").value)
+        variants = sorted((_variant(wire.Obj(item, f"choices[{k}]"), spec.count)
+                           for k, item in enumerate(top.list("choices", MAX_COUNT))), key=lambda v: v.index)
+    except wire.WireError as exc:
+        hint = "; is it an older dgchat serve?" if "is missing" in str(exc) else ""
         raise RemoteApiError(f"{url}/v1/infill answered without the line details `dgchat npc --server` needs "
-                             f"({type(exc).__name__}: {exc}); is it an older dgchat serve?", url=url,
-                             status=502) from None
-    if len(variants) != spec.count:
+                             f"({exc}){hint}", url=url, status=502) from None
+    if [v.index for v in variants] != list(range(spec.count)):
         raise RemoteApiError(f"{url} returned {len(variants)} variants for {spec.count}", url=url, status=502)
     return LineBatch(spec, variants, settings, model)
 
 
-def check_servers(pool: ServerPool) -> dict[str, Any]:
-    """Every server must be a dgchat server serving the same model file; returns that file's record."""
+def check_servers(pool: ServerPool, *, on_drop: Callable[[str, str], None] | None = None) -> dict[str, Any]:
+    """Every server must be a dgchat server serving the same model file; returns that file's record.
+
+    A server that cannot be asked (unreachable, an invalid answer, a rejected key) or is not a
+    dgchat server is dropped from the pool (`on_drop(url, why)`: one line for the user) while
+    another server passes; if none does, the first server's error is raised. Servers serving
+    different model files are an error: which one is meant cannot be told."""
     files = {}
-    for client in pool.clients:
-        models = client.models()
-        details = models[0].details or {}
-        if not models[0].is_dgchat or not isinstance(details.get("file"), dict):
-            raise InvalidParameterError(
-                f"{client.url} is not a dgchat serve server (or an older one): NPC lines need its /v1/infill; "
-                "other OpenAI servers (vLLM) can answer `dgchat generate --server` only")
-        files[client.url] = details["file"]
+    failures: list[tuple[str, BaseException]] = []
+    for client in pool.live_clients():
+        try:
+            models = client.models()
+            details = models[0].details
+            if not models[0].is_dgchat or details is None or details.file is None:
+                raise InvalidParameterError(
+                    f"{client.url} is not a dgchat serve server (or an older one): NPC lines need its /v1/infill; "
+                    "other OpenAI servers (vLLM) can answer `dgchat generate --server` only")
+        except (RemoteError, InvalidParameterError) as exc:
+            failures.append((client.url, exc))
+            continue
+        files[client.url] = details.file
+    if not files:
+        raise failures[0][1] if failures else RemoteError("no server left")
+    for url, exc in failures:  # others passed: the run goes on without these
+        pool.drop(url, str(exc))
+        if on_drop is not None:
+            on_drop(url, str(exc))
     prints = {f.get("fingerprint") for f in files.values()}
     if len(prints) > 1:
-        listing = ", ".join(f"{u}: {f.get('file')}" for u, f in files.items())
+        listing = ", ".join(f"{u}: {wire.quote(f.get('file'), 80)}" for u, f in files.items())
         raise InvalidParameterError(f"the servers serve different model files ({listing}); one export holds one "
                                     "model's lines")
     return next(iter(files.values()))

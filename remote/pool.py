@@ -7,11 +7,13 @@ Results come back in the jobs' order whatever server answered first, so the outp
 not depend on timing.
 
 When a call fails with an error another server may not have (no connection, a connection that
-broke mid-answer, a timeout, 429, 5xx) the job goes back to the front of the queue, marked to
-avoid that server while another is alive, and the server waits 0.5, 1, 2, ... s before it takes
-more work; after `max_failures` failures in a row a server is dropped for the rest of the run. An
-error that every server would give (a bad request, a rejected key) stops the run at once. If every
-server is dropped the run fails with each server's last error.
+broke mid-answer, a timeout, 429, 5xx, an answer that is invalid or over its bounds) the job goes
+back to the front of the queue, marked to avoid that server while another is alive, and the server
+waits 0.5, 1, 2, ... s before it takes more work; after `max_failures` failures in a row a server
+is dropped for the rest of the run. An error that is final for the request (a 4xx: a bad request,
+a rejected key) is the same while a server that has not tried the job is alive (a bad server is an
+error for that server only), and stops the run when none is left to try it: then every server
+would give it. If every server is dropped the run fails with each server's last error.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from dgchat.model_backend.errors import GenerationCancelled, InvalidParameterError
-from dgchat.remote.client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, RemoteClient
+from dgchat.remote.client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEADLINE, DEFAULT_TIMEOUT, RemoteClient
 from dgchat.remote.errors import RemoteError
 
 J = TypeVar("J")
@@ -67,14 +69,20 @@ class ServerPool:
     def __init__(self, urls: Sequence[str], *, api_key: str | None = None, per_server: int = 2,
                  timeout: float = DEFAULT_TIMEOUT, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
                  max_failures: int = 3, backoff: float = 0.5, max_backoff: float = 8.0,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 deadline: float = DEFAULT_DEADLINE, sleep: Callable[[float], None] = time.sleep) -> None:
         if not urls:
             raise InvalidParameterError("give at least one --server")
         if per_server < 1:
             raise InvalidParameterError(f"--per-server must be >= 1 (got {per_server})")
         # the pool does its own retrying (elsewhere first), so each client tries a call once
-        self.clients = [RemoteClient(u, api_key=api_key, timeout=timeout, connect_timeout=connect_timeout, retries=0)
-                        for u in urls]
+        self.clients: list[RemoteClient] = []
+        try:
+            for u in urls:
+                self.clients.append(RemoteClient(u, api_key=api_key, timeout=timeout, connect_timeout=connect_timeout,
+                                                 retries=0, deadline=deadline))
+        except BaseException:
+            self.close()
+            raise
         seen = set()
         for c in self.clients:
             if c.url in seen:
@@ -92,6 +100,14 @@ class ServerPool:
         for c in self.clients:
             c.close()
 
+    def drop(self, url: str, reason: str) -> None:
+        """Take a server out of the pool before a run (check_servers found it unusable)."""
+        self.stats[url].dropped = reason
+        self.stats[url].last_error = reason
+
+    def live_clients(self) -> list[RemoteClient]:
+        return [c for c in self.clients if not self.stats[c.url].dropped]
+
     def __enter__(self) -> ServerPool:
         return self
 
@@ -105,7 +121,8 @@ class ServerPool:
         pending: list[_Pending[J]] = [_Pending(i, j) for i, j in enumerate(jobs)]
         results: dict[int, R] = {}
         cond = threading.Condition()
-        alive = {c.url for c in self.clients}
+        live = self.live_clients()
+        alive = {c.url for c in live}
         in_flight: dict[str, int] = {c.url: 0 for c in self.clients}
         busy_since: dict[str, float] = {}
         streak = {c.url: 0 for c in self.clients}  # failures in a row, per server (all its workers)
@@ -149,7 +166,8 @@ class ServerPool:
                 except RemoteError as exc:
                     with cond:
                         settle(url)
-                        if not exc.retryable:
+                        # final for the request: another server may still take it if it has not tried
+                        if not exc.retryable and not (alive - item.avoid - {url}):
                             fatal.append(exc)
                             cond.notify_all()
                             return
@@ -186,7 +204,7 @@ class ServerPool:
                 report(PoolEvent("done", item.index, url, result=result))
 
         threads = [threading.Thread(target=worker, args=(c,), name=f"dgchat-pool-{n}", daemon=True)
-                   for c in self.clients for n in range(self.per_server)]
+                   for c in live for n in range(self.per_server)]
         for t in threads:
             t.start()
         for t in threads:

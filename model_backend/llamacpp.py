@@ -250,7 +250,11 @@ _rpc_models_alive = 0  # models loaded while RPC servers were registered (each h
 
 def _ggml_libraries() -> list[ctypes.CDLL]:
     libs = [_llama.llama_cpp._lib]
-    lib_dir = Path(_llama.__file__).resolve().parent / "lib"
+    # ggml's libraries sit next to the libllama actually loaded: the package's lib/ folder, or the
+    # build folder LLAMA_CPP_LIB_PATH names (the GPU checks). Binding another folder's libggml
+    # would list that build's devices, not the ones llama.cpp offloads to.
+    loaded = getattr(_llama.llama_cpp._lib, "_name", "") or ""
+    lib_dir = Path(loaded).resolve().parent if loaded else Path(_llama.__file__).resolve().parent / "lib"
     try:
         from llama_cpp import _ctypes_extensions
 

@@ -18,8 +18,10 @@ def _module_name(command: str) -> str:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line and exit code 2, like every other bad input
+        from dgchat.terminal_text import cli_line
+
         self.print_usage(sys.stderr)
-        sys.stderr.write(f"dgchat: error: {message}\n")
+        cli_line("error", message)
         raise SystemExit(2)
 
 
@@ -91,7 +93,11 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(_module_name(args.command))
         return int(module.run(args) or 0)
     except DgchatError as exc:
-        sys.stderr.write(f"dgchat: error: {exc}\n")
+        from dgchat.terminal_text import cli_line
+
+        # every command's errors end here: one line, by the terminal rule, bounded (a server's
+        # error body can be 100 KB of HTML with escape sequences)
+        cli_line("error", exc)
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("dgchat: interrupted\n")

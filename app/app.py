@@ -19,12 +19,13 @@ from dgchat.app.session import ModelSession, SessionCall
 from dgchat.app.store import Store
 from dgchat.app.tool_commands import TOOL_PROVIDERS
 from dgchat.app.tool_screen import tool_screens
+from dgchat.terminal_text import safe_document, safe_message
 from textual.app import App
 from textual.binding import Binding
 from textual.screen import Screen
 
 DARK, LIGHT = "textual-dark", "textual-light"
-
+NOTICE_LIMIT = 1000  # characters of a notice's message (a server's error body can be 100 KB)
 
 
 class DgchatApp(App[int]):
@@ -52,6 +53,9 @@ class DgchatApp(App[int]):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        from dgchat.app import terminal_guard
+
+        terminal_guard.install()  # no control character of any widget's text reaches the terminal
         self.config = config
         self.store = store
         self.session = ModelSession(self, config, model_path or None)
@@ -59,6 +63,16 @@ class DgchatApp(App[int]):
         validate_for_app(config, themes=set(self.available_themes), binding_ids=set(all_binding_ids()))
         if config.keys:
             self.set_keymap(config.keys)
+
+    def notify(self, message: str, *, title: str = "", severity: Any = "information", timeout: float | None = None,
+               markup: bool = True) -> None:
+        """Every notice (the screens' and widgets' notify() end here) quotes outside text as text:
+        server errors and model names are shown by dgchat.terminal_text's rule, bounded, and never
+        read as Textual markup (a `[link=...]` in a server's error would otherwise become a link).
+        dgchat writes no notice with markup."""
+        kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        super().notify(safe_message(message, NOTICE_LIMIT), title=safe_document(title), severity=severity,
+                       markup=False, **kwargs)
 
     # -- startup --------------------------------------------------------------------------------
     @property

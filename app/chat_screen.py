@@ -54,6 +54,7 @@ from dgchat.app.widgets.status_bar import StatusBar
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.recording.history import DenoisingHistory, HistoryError
+from dgchat.terminal_text import one_line
 from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -355,7 +356,7 @@ class ChatScreen(Screen):
     # -- chats ----------------------------------------------------------------------------------
     def refresh_sidebar(self) -> None:
         self.query_one(ChatList).set_chats(self.store.list_chats(), self.chat.id if self.chat else None)
-        self.sub_title = self.chat.title if self.chat else "New chat"
+        self.sub_title = one_line(self.chat.title, 200) if self.chat else "New chat"  # the terminal rule
 
     def _busy(self) -> bool:
         if self.generating:

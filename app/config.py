@@ -8,7 +8,8 @@
     clipboard = "auto"        # auto | osc52 | file
     n_threads = 8             # CPU threads for llama.cpp (default: all cores)
     n_gpu_layers = 99         # layers to offload (default: all when the build supports it)
-    export_dir = "~/Documents/dgchat"  # where Ctrl+S writes chats (default: that, else <data dir>/exports)
+    export_dir = "~/Documents/dgchat"  # where Ctrl+S writes chats (default: that, else <data dir>/exports;
+                                       # a relative folder is inside your home folder)
     answer_seconds_limit = 90  # models predicted to take longer for a 256-token answer are not recommended
 
     [sampler]                 # defaults for every chat, over the model's recommended values
@@ -29,7 +30,6 @@ This module must stay importable without Textual: `dgchat generate` reads `defau
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,8 @@ from typing import Any
 from dgchat.app import paths
 from dgchat.hub.speed import DEFAULT_LIMIT_S
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
-from dgchat.model_backend.params import ALGORITHMS, CACHE_MODES, DiffusionParams
+from dgchat.model_backend.params import ALGORITHMS, CACHE_MODES, DiffusionParams, max_threads
+from dgchat.toml_files import TomlFileError, read_toml
 
 CLIPBOARD_MODES = ("auto", "osc52", "file")
 THEME_ALIASES = {"dark": "textual-dark", "light": "textual-light"}
@@ -93,6 +94,15 @@ class Config:
         return DiffusionParams(**self.sampler)
 
 
+def resolve_folder(value: str) -> Path:
+    """A folder named in the config, as an absolute path: `~` expanded, a relative one inside the
+    home folder (never the folder dgchat happened to be started from). Resolved once, when the
+    config is read: the export dialogs take a relative path typed there as inside this folder, so
+    a relative folder kept as it was got applied twice (exports/exports/chat.md)."""
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else Path.home() / path
+
+
 def _fail(path: Path, message: str) -> ConfigError:
     return ConfigError(f"{path}: {message}")
 
@@ -115,12 +125,10 @@ def load_config(path: str | Path | None = None) -> Config:
     config = Config(path=path)
     if not path.exists():
         return config
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise _fail(path, f"not valid TOML: {exc}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise _fail(path, f"cannot be read: {exc}") from None
+    try:  # a regular file of bounded size and nesting (dgchat.toml_files)
+        raw = read_toml(path)
+    except TomlFileError as exc:
+        raise _fail(path, str(exc)) from None
     config.exists = True
     for key in raw:
         if key not in TOP_KEYS:
@@ -148,14 +156,17 @@ def load_config(path: str | Path | None = None) -> Config:
             raise _fail(path, f"clipboard must be one of {', '.join(CLIPBOARD_MODES)} (got {_describe(value)})")
         config.clipboard = value
     if "n_threads" in raw:
-        config.n_threads = _int(path, "n_threads", raw["n_threads"], 1, None, "a positive integer")
+        # llama.cpp starts every thread asked for: 100000 segfaulted (model_backend.params.max_threads)
+        top = max_threads()
+        config.n_threads = _int(path, "n_threads", raw["n_threads"], 1, top,
+                                f"a whole number from 1 to {top} (4 per core on this machine)")
     if "n_gpu_layers" in raw:
         config.n_gpu_layers = _int(path, "n_gpu_layers", raw["n_gpu_layers"], 0, None, "an integer >= 0")
     if "export_dir" in raw:
         value = raw["export_dir"]
         if not isinstance(value, str) or not value.strip():
             raise _fail(path, f"export_dir must be the path of a folder (got {_describe(value)})")
-        config.export_dir = str(Path(value).expanduser())
+        config.export_dir = str(resolve_folder(value))
     if "answer_seconds_limit" in raw:
         value = raw["answer_seconds_limit"]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value <= 86400:

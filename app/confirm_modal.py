@@ -1,12 +1,17 @@
-"""Yes / no question (deleting a chat, removing or downloading a model)."""
+"""Yes / no question (deleting a chat, removing or downloading a model).
+
+The question names chats, cards and models, outside text: shown by dgchat.terminal_text's rule,
+and the title as text, not markup (a card named "[b]Brann" is called that)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
+from dgchat.terminal_text import one_line, safe_message
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
@@ -29,14 +34,14 @@ class ConfirmModal(ModalScreen[bool]):
                  confirm_variant: Literal["default", "primary", "success", "warning", "error"] = "error") -> None:
         """`confirm_variant`: the confirm button's colour (red for what destroys, primary otherwise)."""
         super().__init__(classes="dialog-screen")
-        self.title_text = title
-        self.message = message
+        self.title_text = one_line(title, 200)
+        self.message = safe_message(message, 4000)
         self.confirm_label = confirm_label
         self.confirm_variant = confirm_variant
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Label(self.title_text, classes="dialog--title")
+            yield Label(Content(self.title_text), classes="dialog--title")
             with ConfirmBody():
                 yield Static(self.message, markup=False, classes="dialog--body")
             with Horizontal(classes="dialog--buttons"):

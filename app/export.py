@@ -4,6 +4,11 @@ atomically into a known folder.
 The folder is `export_dir` from the config file, else ~/Documents/dgchat when there is a
 ~/Documents, else `exports/` in dgchat's data folder; never the folder dgchat happened to be
 started from.
+
+A Markdown export is a document people read, often with `cat` in a terminal: its text (titles,
+prompts, answers, model names) follows dgchat.terminal_text's rule, so an answer's escape sequence
+is written as ␛[2J, not as the sequence (the database keeps the exact text). A .cast recording
+uses the same rule for every frame (recording/asciicast.py).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dgchat.app.paths import atomic_write_text, data_dir
 from dgchat.app.store import Chat, Message
 from dgchat.recording.asciicast import MAX_WIDTH, MIN_WIDTH, Pace, asciicast, cast_title, summary_line
 from dgchat.recording.history import DenoisingHistory
+from dgchat.terminal_text import safe_document
 
 _STATUS_NOTE = {
     "stopped": "_(stopped: partial answer)_",
@@ -36,7 +42,11 @@ def default_export_dir() -> Path:
 
 
 def export_dir(configured: str | None) -> Path:
-    return Path(configured).expanduser() if configured else default_export_dir()
+    """The export folder: the config's export_dir (absolute: app.config.resolve_folder, which
+    load_config applied already; applying it again changes nothing), else the default."""
+    from dgchat.app.config import resolve_folder
+
+    return resolve_folder(configured) if configured else default_export_dir()
 
 
 def default_export_path(chat: Chat, folder: Path) -> Path:
@@ -64,7 +74,7 @@ def chat_markdown(chat: Chat, messages: list[Message]) -> str:
         if note and message.role == "assistant":
             lines += ["", note]
         lines.append("")
-    return "\n".join(lines).rstrip("\n") + "\n"
+    return safe_document("\n".join(lines).rstrip("\n") + "\n")
 
 
 def export_target(text: str, folder: Path) -> Path:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import re
 import threading
 import time
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +47,8 @@ from dgchat.hub.machine_profile import MachineProfile
 from dgchat.hub.manager import ModelRow, PullResult
 from dgchat.hub.util import format_bytes
 from dgchat.model_backend.errors import DgchatError
+from dgchat.terminal_text import safe_message
+from dgchat.toml_files import TomlFileError, parse_toml, read_regular_file
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -588,7 +589,8 @@ class TransferPanel(Vertical):
 
     def _set(self, cls: str, text: str) -> None:
         widget = self.query_one(f".{cls}")
-        widget.update(text)  # type: ignore[attr-defined]
+        # the hub's messages and problems quote what a server said: by the terminal rule
+        widget.update(safe_message(text, 4000))  # type: ignore[attr-defined]
         widget.display = bool(text)  # no blank lines between what is said
 
     def _bar(self, done: int | None, total: int | None) -> None:
@@ -750,12 +752,14 @@ def _config_lines(config_path: Path) -> list[str]:
     for the edits below that keep comments and everything they do not touch."""
     from dgchat.app.config import ConfigError
 
-    try:
-        old = config_path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    try:  # a regular file of bounded size (a FIFO would block the app)
+        old = read_regular_file(config_path).decode("utf-8")
+    except TomlFileError as exc:
+        if exc.kind != "missing":
+            raise ConfigError(f"{config_path}: {exc}") from None
         old = CONFIG_HEADER
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{config_path}: cannot be read: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{config_path}: not UTF-8 text") from None
     lines = old.splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
@@ -779,9 +783,9 @@ def save_default_model(config_path: Path, model_path: Path | str | None) -> None
         kept.insert(first_table, f"default_model = {toml_string(str(model_path))}\n")
     text = "".join(kept)
     try:
-        parsed = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{config_path}: not valid TOML, so default_model was not written: {exc}") from None
+        parsed = parse_toml(text)
+    except TomlFileError as exc:
+        raise ConfigError(f"{config_path}: {exc}, so default_model was not written") from None
     if parsed.get("default_model") != (str(model_path) if model_path is not None else None):
         raise ConfigError(f"{config_path}: default_model could not be set (a multi-line value?); edit it by hand")
     atomic_write_text(config_path, text)
@@ -825,9 +829,9 @@ def save_server(config_path: Path, url: str | None, api_key: str | None = None) 
             lines.append(f"api_key = {toml_string(api_key)}\n")
     text = "".join(lines)
     try:
-        parsed = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{config_path}: not valid TOML, so [server] was not written: {exc}") from None
+        parsed = parse_toml(text)
+    except TomlFileError as exc:
+        raise ConfigError(f"{config_path}: {exc}, so [server] was not written") from None
     table = parsed.get("server") if isinstance(parsed.get("server"), dict) else {}
     if table.get("url") != url or table.get("api_key") != (api_key if url is not None and api_key else None):
         raise ConfigError(f"{config_path}: [server] could not be set (is it written another way, such as "

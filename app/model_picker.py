@@ -29,6 +29,7 @@ from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
 from dgchat.hub.manager import ModelRow
 from dgchat.hub.util import format_bytes
 from dgchat.model_backend.errors import DgchatError
+from dgchat.terminal_text import safe_message
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
@@ -342,7 +343,7 @@ class ModelPicker(ModalScreen[Path | None]):
 
     def _say(self, text: str, *, error: bool = False, info: bool = False) -> None:
         message = self.query_one("#picker-message", Static)
-        message.update(text)
+        message.update(safe_message(text, 4000))  # may quote a file's or a server's problem
         message.display = bool(text)
         message.set_class(error, "-error")
         message.set_class(info, "-info")

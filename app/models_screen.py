@@ -51,6 +51,7 @@ from dgchat.hub.manager import ModelRow, PullResult
 from dgchat.hub.registry import InstalledModel
 from dgchat.hub.util import format_bytes
 from dgchat.model_backend.errors import DgchatError
+from dgchat.terminal_text import one_line
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -303,7 +304,8 @@ class ModelsScreen(Screen[ModelSource | None]):
             text = "● " + text + " · in use"
         if self.app.config.server_url == source.url:
             text += " · [server] url in the config"
-        self.query_one("#models-server-text", Static).update(text)
+        # the server's model id and its error text are outside text
+        self.query_one("#models-server-text", Static).update(one_line(text))
 
     def action_use_server(self) -> None:
         """Use the server: it becomes the default source (saved as [server] url unless the config

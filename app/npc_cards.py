@@ -5,7 +5,6 @@ Validation is dgchat.npc's own (parse_card); this module only adds the bookkeepi
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 from dgchat.npc.cards import CharacterCard, load_card_file, parse_card, save_card
 from dgchat.npc.errors import CardError
 from dgchat.npc.paths import atomic_write_text, cards_dir
+from dgchat.toml_files import parse_toml
 
 
 @dataclass
@@ -59,7 +59,7 @@ def _multi_card_toml(cards: Sequence[CharacterCard]) -> str:
 
 
 def _check_round_trip(text: str, path: Path) -> None:
-    data = tomllib.loads(text)
+    data = parse_toml(text)
     for i, table in enumerate(data.get("card", [data])):
         parse_card(table, f"{path} card {i + 1}")
 

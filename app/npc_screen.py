@@ -40,6 +40,7 @@ from dgchat.npc.generator import (
 )
 from dgchat.npc.paths import data_dir
 from dgchat.npc.templates import parse_template
+from dgchat.terminal_text import one_line
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import (
@@ -224,7 +225,8 @@ class NpcScreen(ToolScreen):
         cards.set_cards(self.shelf.cards, current)
         errors = self.query_one("#npc-card-errors", Static)
         if self.shelf.errors:
-            errors.update("\n".join(f"⚠ {e}" for e in self.shelf.errors))
+            # a card file's problem quotes its path and values: one line each, by the terminal rule
+            errors.update("\n".join(f"⚠ {one_line(e)}" for e in self.shelf.errors))
             errors.display = True
         else:
             errors.display = False
@@ -298,7 +300,7 @@ class NpcScreen(ToolScreen):
         card = self.current_card
         if card is not None:
             self._current_card = card.id
-            self.sub_title = card.name
+            self.sub_title = one_line(card.name, 200)  # a shared card's name, by the terminal rule
 
     # -- the line form --------------------------------------------------------------------------
     def on_input_changed(self, event: Input.Changed) -> None:
@@ -321,7 +323,7 @@ class NpcScreen(ToolScreen):
     def spec_error(self, message: str) -> None:
         """Name a problem with the line under the form ("" clears it)."""
         label = self.query_one("#npc-spec-error", Label)
-        label.update(message)
+        label.update(one_line(message))
         label.set_class(not message, "-empty")
 
     def _template_changed(self, source: str) -> None:

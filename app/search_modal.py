@@ -10,6 +10,7 @@ from dgchat.app.store import (
     StoreError,
 )
 from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
+from dgchat.terminal_text import one_line, terminal_safe
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -20,11 +21,13 @@ from textual.widgets.option_list import Option
 
 
 def highlighted(snippet: str) -> Text:
+    """A hit's snippet with its matches highlighted; the stored text between the markers (which are
+    control characters themselves) is shown by the terminal rule."""
     text = Text()
     inside = False
     for part in snippet.replace(HIGHLIGHT_END, HIGHLIGHT_START).split(HIGHLIGHT_START):
         if part:
-            text.append(part, style="bold reverse" if inside else "")
+            text.append(terminal_safe(part), style="bold reverse" if inside else "")
         inside = not inside
     return text
 
@@ -69,7 +72,8 @@ class SearchModal(ModalScreen[tuple[int, int | None] | None]):
         options = []
         for i, hit in enumerate(self.hits):
             who = {"user": "You", "assistant": "Assistant", "title": "Title"}.get(hit.role, hit.role)
-            prompt = Text.assemble((hit.chat_title, "bold"), "  ", (who, "dim"), "\n", highlighted(hit.snippet))
+            prompt = Text.assemble((one_line(hit.chat_title, 200), "bold"), "  ", (who, "dim"), "\n",
+                                   highlighted(hit.snippet))
             options.append(Option(prompt, id=f"hit-{i}"))
         results.add_options(options)
         count = len(self.hits)

@@ -67,6 +67,7 @@ from dgchat.hub.registry import InstalledModel
 from dgchat.hub.util import format_bytes
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.model_backend.params import DiffusionParams
+from dgchat.terminal_text import one_line, safe_document, safe_message
 from rich.table import Table
 from rich.text import Text
 from textual import events
@@ -855,7 +856,7 @@ class WizardScreen(Screen[None]):
 
     def _show_server_check(self, error: str = "") -> None:
         result = self.query_one("#srv-result", Static)
-        self.query_one("#srv-error", Static).update(error)
+        self.query_one("#srv-error", Static).update(safe_message(error))  # may quote the server's answer
         source = self.server_checked
         if source is None:
             result.update("")
@@ -890,7 +891,8 @@ class WizardScreen(Screen[None]):
             first = models[0]  # what RemoteEngine.connect uses
             self.server_checked = source
             self.server_typed_key = typed
-            self.server_model = first.id + (f" (of {len(models)} models)" if len(models) > 1 else "")
+            # the server names its model: shown here, in the ready step's title and status lines
+            self.server_model = one_line(first.id, 200) + (f" (of {len(models)} models)" if len(models) > 1 else "")
             self.server_is_dgchat = bool(first.is_dgchat)
             self._show_server_check()
             self._nav()
@@ -1065,7 +1067,7 @@ class WizardScreen(Screen[None]):
         self.load_state = "failed"
         self.query_one("#ready-loading").display = False
         self.query_one("#ready-error", Static).update(
-            f"The model failed to load: {message}\nChoose another model (the bundled one always works).")
+            f"The model failed to load: {safe_message(message)}\nChoose another model (the bundled one always works).")
         self._nav()
 
     def _start_test(self) -> None:
@@ -1110,12 +1112,13 @@ class WizardScreen(Screen[None]):
         self.generation = None
         answer = self.query_one("#ready-answer", VerticalScroll)
         if generation.error is not None and not generation.cancelled:
-            self.query_one("#ready-error", Static).update(f"The test failed: {generation.error_text()}")
+            self.query_one("#ready-error", Static).update(f"The test failed: {safe_message(generation.error_text())}")
         elif generation.final is not None:
             final = generation.final
             answer.remove_children()
             self.canvas = None
-            answer.mount(Static(final.text.strip() or "(an empty answer)", markup=False, id="ready-text"))
+            answer.mount(Static(safe_document(final.text.strip()) or "(an empty answer)", markup=False,
+                                id="ready-text"))
             s = final.stats
             stopped = " · stopped" if final.stop_reason == "cancelled" else ""
             self.query_one("#ready-stats", Static).update(

@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from dgchat.model_backend.errors import InvalidParameterError, ModelFileError
-from dgchat.model_backend.params import ALGORITHMS, CACHE_MODES, SAMPLER_PLACES, SOFT_EMBEDDINGS, DiffusionParams
+from dgchat.model_backend.params import (
+    ALGORITHMS,
+    CACHE_MODES,
+    SAMPLER_PLACES,
+    SOFT_EMBEDDINGS,
+    DiffusionParams,
+    threads_problem,
+)
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
@@ -27,8 +34,22 @@ def add_model_args(parser: argparse.ArgumentParser, required: bool = False) -> N
                              "default_model of the config, else the bundled model)")
     parser.add_argument("--n-gpu-layers", type=int, default=None, metavar="N",
                         help="layers to offload to the GPU (default: all when this build supports it)")
-    parser.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads (default: all cores)")
+    parser.add_argument("--threads", type=threads_arg, default=None, metavar="N",
+                        help="CPU threads, 1 to 4 per core (default: all cores)")
     parser.add_argument("--rpc", default=None, metavar="HOST:PORT[,HOST:PORT]", help=RPC_HELP)
+
+
+def threads_arg(text: str) -> int:
+    """argparse type of every --threads flag: a whole number from 1 to 4 per core, else the
+    parser's one-line error naming the flag and the range."""
+    try:
+        value: object = int(text)
+    except ValueError:
+        value = text
+    problem = threads_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return int(text)
 
 
 RPC_HELP = ("put the model's layers on llama.cpp RPC servers (`dgchat rpc-server` on other machines; needs an engine "

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from dgchat.commands.common import add_common
+from dgchat.commands.common import add_common, threads_arg
 
 OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0")  # dgchat.convert.writer.OUTTYPES, without importing numpy
 
@@ -31,7 +31,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-capable", action="store_true",
                    help="write a masked-diffusion model under an architecture with a KV cache (llada -> llama, "
                    "dream -> qwen2, llada-moe -> hy_v3, rnd1 -> qwen3moe) so prefix/dual caching works")
-    p.add_argument("--threads", type=int, default=None, metavar="N", help="quantizer threads (default: all cores)")
+    p.add_argument("--threads", type=threads_arg, default=None, metavar="N",
+                   help="quantizer threads, 1 to 4 per core (default: all cores)")
     p.add_argument("--dry-run", action="store_true", help="check the source and show what would be written")
 
 

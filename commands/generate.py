@@ -132,11 +132,17 @@ def _prompt(engine, args: argparse.Namespace, prompt_text: str):
 
 
 def _report(final: FinalEvent, args: argparse.Namespace, as_json: Callable[[], dict[str, Any]]) -> int:
-    """Print the answer (or its JSON); the exit status says whether Ctrl-C cut it short."""
+    """Print the answer (or its JSON); the exit status says whether Ctrl-C cut it short.
+
+    The answer is the model's (or a server's) text: on a terminal it is printed by the rule of
+    dgchat.terminal_text (an ESC shows as ␛, so an answer cannot set the title or clear the screen);
+    to a pipe or a file, and always in --json, it is the exact text (docs/SECURITY.md)."""
+    from dgchat.terminal_text import for_stream
+
     if args.json:
         print(json.dumps(as_json(), ensure_ascii=False))
     else:
-        sys.stdout.write(final.text.rstrip("\n") + "\n")
+        sys.stdout.write(for_stream(final.text.rstrip("\n"), sys.stdout) + "\n")
         if final.stop_reason == "cancelled":
             sys.stderr.write("dgchat: generation stopped (Ctrl-C); partial answer above\n")
     return 130 if final.stop_reason == "cancelled" else 0

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from dgchat.commands.common import add_common, ctrl_c_cancels
+from dgchat.terminal_text import cli_line
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -342,7 +343,7 @@ def _verify(args: argparse.Namespace) -> int:
             if len(names) == 1:
                 raise
             bad += 1
-            sys.stderr.write(f"dgchat: error: {exc}\n")
+            cli_line("error", exc)
             continue
         print(f"ok {res.name}: {res.path} (sha256 {res.sha256[:16]}...)")
     if bad:

@@ -55,8 +55,10 @@ def run(args: argparse.Namespace) -> int:
 
     cards = load_cards(args.cards)
     if args.list_cards:
-        for card in cards:
-            print(f"{card.id}\t{card.name}\t{card.source}")
+        from dgchat.terminal_text import for_stream
+
+        for card in cards:  # card files come from anywhere: on a terminal by the rule, else exact
+            print(for_stream(f"{card.id}\t{card.name}\t{card.source}", sys.stdout))
         if not cards:
             sys.stderr.write("dgchat: no character cards found (give --cards PATH)\n")
         return 0
@@ -129,9 +131,11 @@ def _write(batches: list, args: argparse.Namespace, fmt: str) -> int:
         sys.stdout.write(export_json(document))
     else:
         write_export(args.out, document, fmt)
-    for batch, v in rejected:
-        sys.stderr.write(f"dgchat: warning: {batch.spec.card.id}/{batch.spec.context or '-'} variant {v.index} "
-                         f"(seed {v.seed}) dropped after {v.attempt + 1} tries: {v.problem}\n")
+    from dgchat.terminal_text import cli_line
+
+    for batch, v in rejected:  # the problem quotes the model's line: one safe line
+        cli_line("warning", f"{batch.spec.card.id}/{batch.spec.context or '-'} variant {v.index} "
+                            f"(seed {v.seed}) dropped after {v.attempt + 1} tries: {v.problem}")
     where = "standard output" if args.out == "-" else args.out
     sys.stderr.write(f"dgchat: {len(document['lines'])} lines from {len(batches)} entries written to {where}\n")
     return 0
@@ -179,6 +183,7 @@ def _generate_remote(urls: list[str], api_key: str | None, specs: list, args: ar
 
     from dgchat.remote.npc_lines import check_servers, generate_remote
     from dgchat.remote.pool import ServerPool
+    from dgchat.terminal_text import one_line
 
     console = Console(stderr=True)
     started = time.perf_counter()
@@ -196,7 +201,7 @@ def _generate_remote(urls: list[str], api_key: str | None, specs: list, args: ar
                     console.print(f"[{done[0]}/{len(specs)}] {spec.card.id}/{spec.context or '-'}: {spec.count} "
                                   f"variants ({event.server})", highlight=False, markup=False)
                 else:
-                    console.print(f"dgchat: {event.server} failed ({event.error}); "
+                    console.print(f"dgchat: {event.server} failed ({one_line(event.error)}); "
                                   f"{'dropped it, ' if event.kind == 'dropped' else ''}retrying the entry elsewhere",
                                   highlight=False, markup=False, soft_wrap=True)
 

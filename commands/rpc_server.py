@@ -15,7 +15,7 @@ import socket
 import sys
 import threading
 
-from dgchat.commands.common import add_common
+from dgchat.commands.common import add_common, threads_arg
 from dgchat.model_backend.errors import EngineError, InvalidParameterError
 
 DEFAULT_PORT = 50052  # upstream rpc-server's
@@ -32,7 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="IPv4 address to listen on (default 127.0.0.1: this machine only; a private LAN address "
                         "to serve other machines)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT})")
-    p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads (default: all cores)")
+    p.add_argument("--threads", type=threads_arg, default=None, metavar="N",
+                   help="CPU threads, 1 to 4 per core (default: all cores)")
     p.add_argument("--cpu", action="store_true", help="serve the CPU even when this machine has a GPU")
     p.add_argument("--cache", action="store_true",
                    help="keep the weights clients send in a local cache folder, so the next load of the same "

@@ -8,12 +8,12 @@ docs/MODELS.md.
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dgchat.hub.errors import CatalogError
+from dgchat.toml_files import TomlFileError, read_toml
 
 SCHEMA = 1
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,79}$")
@@ -180,14 +180,12 @@ def default_catalog_path() -> Path:
 def load_catalog(path: str | Path | None = None) -> Catalog:
     """Read and validate a catalog (default: the shipped assets/catalog.toml)."""
     path = Path(path) if path is not None else default_catalog_path()
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CatalogError(f"model catalog not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise CatalogError(f"{path}: not valid TOML: {exc}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CatalogError(f"{path}: cannot be read: {exc}") from None
+    try:  # a regular file of bounded size and nesting (dgchat.toml_files)
+        raw = read_toml(path)
+    except TomlFileError as exc:
+        if exc.kind == "missing":
+            raise CatalogError(f"model catalog not found: {path}") from None
+        raise CatalogError(f"{path}: {exc}") from None
     return parse_catalog(raw, path)
 
 

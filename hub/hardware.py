@@ -24,7 +24,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 from dgchat.hub import paths
 from dgchat.hub.errors import HubError
 from dgchat.hub.util import format_bytes
+from dgchat.toml_files import TomlFileError, read_toml
 
 EDITABLE = ("cpu_cores", "ram_total", "disk_free", "gpu_offload", "vram_total", "vram_free", "unified_memory")
 _INT_FIELDS = ("cpu_cores", "ram_total", "disk_free", "vram_total", "vram_free")
@@ -351,12 +351,10 @@ def load_hardware_overrides(path: Path | None = None) -> dict[str, Any]:
     path = Path(path) if path is not None else paths.hardware_overrides_path()
     if not path.exists():
         return {}
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise HubError(f"{path}: not valid TOML: {exc}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise HubError(f"{path}: cannot be read: {exc}") from None
+    try:  # a regular file of bounded size and nesting (dgchat.toml_files)
+        raw = read_toml(path)
+    except TomlFileError as exc:
+        raise HubError(f"{path}: {exc}") from None
     return _check_overrides(raw, where=str(path))
 
 

@@ -22,26 +22,13 @@ from typing import Protocol
 from dgchat.model_backend.canvas import Cell
 from dgchat.model_backend.events import StepEvent
 
-PLACEHOLDER = "·"  # an undecided position
 # Model text is never written raw to a terminal or a recording: an escape sequence would drive the
-# terminal, a bidi override would reorder what is shown. C0 control characters (byte tokens of a
-# random or small model) are drawn as control pictures (ESC as ␛, so no sequence survives),
-# newlines stay newlines, tabs become spaces; C1 controls and the bidi embeddings, overrides and
-# isolates become U+FFFD (visible), the invisible direction marks are dropped. Use with
-# str.translate, or terminal_safe().
-VISIBLE_CONTROLS = (
-    {c: 0x2400 + c for c in range(32) if c not in (9, 10)} | {9: " ", 127: "\u2421"}
-    | {c: 0xFFFD for c in range(0x80, 0xA0)}
-    | {c: 0xFFFD for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
-    | {0x200E: None, 0x200F: None, 0x061C: None}
-)
+# terminal, a bidi override would reorder what is shown. The rule (control pictures, ␛ for ESC,
+# U+FFFD for C1 controls and bidi overrides, direction marks dropped) is dgchat.terminal_text's, the
+# one every place that shows outside text uses; re-exported here for the canvas renderers.
+from dgchat.terminal_text import VISIBLE_CONTROLS, terminal_safe  # noqa: F401
 
-
-def terminal_safe(text: str) -> str:
-    """`text` as it may be written to a terminal or a .cast file (see VISIBLE_CONTROLS)."""
-    return text.translate(VISIBLE_CONTROLS)
-
-
+PLACEHOLDER = "·"  # an undecided position
 HOLE = -1  # the token of a shown placeholder
 DRAFT = -1  # the style key of an undecided position showing its draft token (uniform-state)
 

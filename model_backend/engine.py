@@ -32,7 +32,7 @@ from dgchat.model_backend.masked_diffusion import (
     masked_denoiser,
 )
 from dgchat.model_backend.model_info import ModelInfo, inspect_header
-from dgchat.model_backend.params import DiffusionParams
+from dgchat.model_backend.params import DiffusionParams, check_threads
 from dgchat.model_backend.reference_sampler import ReferenceParams, reference_denoise
 
 Message = dict[str, Any]
@@ -72,6 +72,7 @@ class DiffusionEngine:
     ) -> DiffusionEngine:
         """rpc_servers: "HOST:PORT[,HOST:PORT]" of llama.cpp RPC servers to put layers on (registered for
         the whole process, as `--rpc` does: model_backend/rpc.py); servers registered before are used too."""
+        check_threads(n_threads, "threads")  # before the model loads (the flags and config are checked earlier)
         header = read_gguf_header(path)
         info = inspect_header(header)  # refuse unsupported models before llama.cpp loads anything
         if rpc_servers:

@@ -34,6 +34,7 @@ from dgchat.model_backend.errors import (
     ModelFileError,
 )
 from dgchat.model_backend.gguf_file import GgufHeader, read_gguf_header
+from dgchat.model_backend.params import check_threads
 from dgchat.model_backend.sampling import RowStats
 
 # ggml's CPU backend parallelises with OpenMP and meets a barrier after every graph node. libgomp's
@@ -142,6 +143,7 @@ def quantize_model(
     value = getattr(_llama, f"LLAMA_FTYPE_MOSTLY_{ftype.upper()}", None)
     if value is None:
         raise EngineError(f"this llama.cpp has no quantization type {ftype}")
+    check_threads(n_threads or None, "threads")  # llama.cpp starts every thread asked for
     params = _llama.llama_model_quantize_default_params()
     params.nthread = int(n_threads or 0)  # 0: all cores
     params.ftype = int(value)
@@ -906,6 +908,9 @@ class LlamaContext:
             raise ContextOverflowError(
                 f"{per_seq} tokens needed but {model.path.name} supports at most {model.n_ctx_train}"
             )
+        # every context is made here (engine, machine profile, distillation): the thread bound of
+        # model_backend.params holds for all of them (100000 threads segfaulted in llama.cpp)
+        check_threads(n_threads or None, "threads")
         self.model = model
         params = _llama.llama_context_default_params()
         params.n_ctx = n_ctx

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -33,6 +34,11 @@ MIN_TEMPERATURE = 1e-6
 MAX_BUDGET = 1e12  # entropy bound, confidence threshold (finite, else unbounded in meaning only)
 MAX_SEED = (1 << 64) - 1
 MAX_LOGIT_BIAS = 65536  # entries (banned words expand to every token form of the word)
+# CPU threads for llama.cpp (--threads, config n_threads): llama.cpp starts every thread it is
+# asked for and keeps per-thread state in arrays of GGML_MAX_N_THREADS (512) entries, so
+# `--threads 100000` segfaulted. More than a few threads per core only wait on each other.
+GGML_MAX_N_THREADS = 512
+THREADS_PER_CORE = 4
 MAX_BIAS = 100.0  # size of one logit bias (logit_bias values, pad_bias), as OpenAI's; -100 bans a token
 
 
@@ -216,3 +222,27 @@ def _is_number(value: Any) -> bool:
 
 
 _FIELD_NAMES = {f.name for f in fields(DiffusionParams)}
+
+
+def max_threads() -> int:
+    """The most CPU threads dgchat gives llama.cpp: 4 per core, at most llama.cpp's 512."""
+    return max(1, min(GGML_MAX_N_THREADS, THREADS_PER_CORE * (os.cpu_count() or 1)))
+
+
+def threads_problem(value: Any) -> str | None:
+    """Why `value` is no thread count ("must be a whole number from 1 to 8 ...; got 0"), or None."""
+    top = max_threads()
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+        return f"must be a whole number from 1 to {top} (4 per core on this machine; got {value!r})"
+    return None
+
+
+def check_threads(value: Any, name: str = "--threads") -> int | None:
+    """`value` as a thread count: None (all cores) or a whole number from 1 to max_threads().
+    InvalidParameterError names `name` (the flag or config key) and the allowed range."""
+    if value is None:
+        return None
+    problem = threads_problem(value)
+    if problem:
+        raise InvalidParameterError(f"{name} {problem}")
+    return value

@@ -15,13 +15,14 @@ A card (docs/NPC.md):
 
 from __future__ import annotations
 
+import os
 import re
-import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dgchat import toml_files
 from dgchat.npc.errors import CardError
 from dgchat.npc.paths import atomic_write_text, cards_dir
 from dgchat.npc.toml_write import toml_table
@@ -145,20 +146,12 @@ def parse_card(data: Mapping[str, Any], where: str = "card", source: Path | None
 
 
 def read_toml(path: Path, error: type[Exception]) -> dict[str, Any]:
+    """A card or lines file (dgchat.toml_files: a regular file, bounded size and nesting), its
+    problem raised as `error` naming the file, in one line."""
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise error(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise error(f"{path}: is a folder, not a file") from None
-    except OSError as exc:
-        raise error(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        return tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise error(f"{path}: not UTF-8 text") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise error(f"{path}: not valid TOML ({exc})") from None
+        return toml_files.read_toml(path)
+    except toml_files.TomlFileError as exc:
+        raise error(f"{path}: {exc}") from None
 
 
 def load_card_file(path: str | Path) -> list[CharacterCard]:
@@ -187,7 +180,7 @@ def load_cards(paths: Iterable[str | Path] | None = None) -> list[CharacterCard]
     cards: list[CharacterCard] = []
     for p in paths:
         p = Path(p).expanduser()
-        if p.is_dir():
+        if os.path.isdir(p):  # (not Path.is_dir: it raises on a name too long for the system)
             for f in sorted(p.glob("*.toml")):
                 cards.extend(load_card_file(f))
         else:
@@ -219,6 +212,6 @@ def save_card(card: CharacterCard, path: str | Path | None = None) -> Path:
     """Write the card as TOML (atomically); default path <data>/npc/cards/<id>.toml. Returns the path."""
     path = Path(path) if path is not None else cards_dir() / f"{card.id}.toml"
     # round-trip check: what we write must read back as the same card
-    parse_card(tomllib.loads(card.to_toml()), str(path))
+    parse_card(toml_files.parse_toml(card.to_toml()), str(path))
     atomic_write_text(path, card.to_toml())
     return path

@@ -72,7 +72,7 @@ seed = 7
         ('refresh_hz = "fast"', "refresh_hz must be an integer from 1 to 120 (got 'fast')"),
         ("refresh_hz = true", "refresh_hz must be an integer from 1 to 120 (got true)"),
         ('clipboard = "x11"', "clipboard must be one of auto, osc52, file (got 'x11')"),
-        ("n_threads = 0", "n_threads must be a positive integer (got 0)"),
+        ("n_threads = 0", "n_threads must be a whole number from 1 to "),
         ("n_gpu_layers = -1", "n_gpu_layers must be an integer >= 0 (got -1)"),
         ("system_prompt = 5", "system_prompt must be a string (got 5)"),
         ("colour = 'red'", "unknown setting 'colour'"),

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dgchat.app.store import Chat
+from dgchat.terminal_text import one_line
 from textual.binding import Binding
+from textual.content import Content
 from textual.message import Message
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
@@ -31,7 +33,9 @@ class ChatList(OptionList):
     def set_chats(self, chats: list[Chat], current: int | None) -> None:
         self._ids = [c.id for c in chats]
         self.clear_options()
-        self.add_options([Option(c.title, id=f"chat-{c.id}") for c in chats])
+        # a title is a stored prompt's first words or what the user typed: shown by the terminal
+        # rule and as plain text (Content, not markup: "[b]" in a prompt is text)
+        self.add_options([Option(Content(one_line(c.title, 200)), id=f"chat-{c.id}") for c in chats])
         if current in self._ids:
             self.highlighted = self._ids.index(current)
 

@@ -13,6 +13,7 @@ from typing import Any
 from dgchat.app.store import Message
 from dgchat.app.widgets.replay import ReplayView
 from dgchat.recording.history import DenoisingHistory
+from dgchat.terminal_text import one_line, safe_document
 from markdown_it import MarkdownIt
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -73,10 +74,11 @@ def meta_line(message: Message) -> str:
     reason = meta.get("stop_reason")
     if reason == "max_tokens" and message.status == "done":
         parts.append("hit max tokens")
+    # a server's model name and error text are outside text: one line, terminal-safe, bounded
     if meta.get("model"):
-        parts.append(str(meta["model"]))
+        parts.append(one_line(meta["model"], 200))
     if meta.get("error"):
-        parts.append(str(meta["error"]))
+        parts.append(one_line(meta["error"], 500))
     return " · ".join(parts)
 
 
@@ -110,10 +112,13 @@ class MessageView(Vertical, can_focus=True):
         status = STATUS_LABEL.get(m.status)
         header = who + (f" · {status}" if status else "") + version_marker(m)
         yield Label(header, classes="message--header")
+        # what the database keeps is exact; what reaches the terminal follows dgchat.terminal_text's
+        # rule: an answer's ESC]0;...BEL or ESC[2J (any server or model can send one, and a stored
+        # chat replays it on every open) shows as ␛]0;...␇, never drives the terminal
         if m.role == "user":
-            yield Static(m.content, markup=False, classes="message--body")
+            yield Static(safe_document(m.content), markup=False, classes="message--body")
         elif m.content.strip():
-            yield Markdown(m.content, classes="message--body", parser_factory=markdown_parser)
+            yield Markdown(safe_document(m.content), classes="message--body", parser_factory=markdown_parser)
         else:
             empty = "(stopped before any text was decided)" if m.status != "done" else "(empty answer)"
             yield Static(empty, markup=False, classes="message--body -empty")

@@ -10,10 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from dgchat.app.engine_protocol import Engine
-from dgchat.app.widgets.canvas import _PROGRESS, _VISIBLE_CONTROLS, LiveCanvas, _wrap
+from dgchat.app.widgets.canvas import _PROGRESS, LiveCanvas, _wrap
 from dgchat.npc.cards import CharacterCard
 from dgchat.npc.generator import LineBatch, LineVariant
 from dgchat.npc.templates import line_pieces, parse_template
+from dgchat.terminal_text import one_line, safe_message, terminal_safe
 from rich.segment import Segment
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -27,21 +28,17 @@ from textual.widgets.option_list import Option
 STATUS_MARK = {"new": "", "kept": "✓ kept", "rejected": "✗ rejected"}
 
 
-def visible(text: str) -> str:
-    """Text of a generated line as it may be written to a terminal (control characters shown)."""
-    return text.translate(_VISIBLE_CONTROLS)
-
-
 def variant_content(batch: LineBatch, variant: LineVariant) -> Content:
-    """The final line: a template's fixed text plain, each filled hole highlighted."""
+    """The final line: a template's fixed text plain, each filled hole highlighted; the model's text
+    (and the template's) by the terminal rule of dgchat.terminal_text."""
     spec = batch.spec
     if spec.template is None:
-        return Content(visible(variant.text) or "(empty)")
+        return Content(terminal_safe(variant.text) or "(empty)")
     filled = parse_template(spec.template).fill(spec.variables)
     parts: list[str | tuple[str, str]] = []
     # the joins as the line was assembled (npc.templates.line_pieces): what is shown is variant.text
     for text, hole in line_pieces(filled.parts, [h.text for h in variant.holes]):
-        parts.append(visible(text) if hole is None else (visible(text), "bold $accent underline"))
+        parts.append(terminal_safe(text) if hole is None else (terminal_safe(text), "bold $accent underline"))
     return Content.assemble(*parts)
 
 
@@ -69,8 +66,10 @@ class CardList(OptionList):
         self.clear_options()
         options = []
         for card in cards:
-            second = card.role or "no role"
-            options.append(Option(Content.assemble(card.name, "\n", (f" {card.id} · {second}", "$text-muted")),
+            # card files come from anywhere (shared, downloaded): their text by the terminal rule
+            second = one_line(card.role, 200) or "no role"
+            options.append(Option(Content.assemble(one_line(card.name, 200), "\n",
+                                                   (f" {one_line(card.id, 200)} · {second}", "$text-muted")),
                                   id=f"card-{card.id}"))
         self.add_options(options)
         ids = [c.id for c in cards]
@@ -201,7 +200,7 @@ class VariantView(Vertical, can_focus=True):
         self.set_class(v.problem is not None, "-problem")
         heads = self.query(".variant--head")
         if heads:
-            heads.first(Static).update(" · ".join(parts))
+            heads.first(Static).update(one_line(" · ".join(parts)))  # a problem may quote the model's line
 
     def action_mark(self, status: str) -> None:
         if self.batch is not None:
@@ -228,7 +227,7 @@ class BatchView(Vertical):
         self.batch: LineBatch | None = None
 
     def compose(self) -> ComposeResult:
-        yield Static(self.title_text, classes="batch--title", markup=False)
+        yield Static(terminal_safe(self.title_text), classes="batch--title", markup=False)
         for i in range(self.count):
             yield VariantView(i, self.seed + i, self.engine, classes="variant")
 
@@ -243,4 +242,4 @@ class BatchView(Vertical):
 
     def set_note(self, note: str) -> None:
         """A line under the title (stopped, failed)."""
-        self.mount(Static(note, classes="batch--note", markup=False), after=0)
+        self.mount(Static(safe_message(note), classes="batch--note", markup=False), after=0)

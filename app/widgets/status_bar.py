@@ -3,6 +3,7 @@ much of the model's context the conversation takes ("1,234 / 4,096 tokens")."""
 
 from __future__ import annotations
 
+from dgchat.terminal_text import one_line
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Label, ProgressBar
@@ -47,7 +48,8 @@ class StatusBar(Horizontal):
         yield ProgressBar(total=100, show_eta=False, id="load-progress")
 
     def set_text(self, text: str) -> None:
-        self.query_one("#status-text", Label).update(text)
+        # the line names models (a server's model id) and quotes problems: the terminal rule, one line
+        self.query_one("#status-text", Label).update(one_line(text, 1000))
 
     def set_context(self, tokens: int | None, context: int = 0, canvas: int = 0) -> None:
         """Show `tokens` of `context` (None hides the count); coloured when the next answer's

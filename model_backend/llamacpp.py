@@ -417,7 +417,12 @@ def rpc_register_server(endpoint: str) -> list[BackendDevice]:
     g = _ggml()
     reg = _RPC_ADD_SERVER(add)(endpoint.encode())
     if not reg:
-        raise EngineError(f"RPC server {endpoint} offers no devices")
+        # dgchat's engine (patch 0012) logs why ("RPC server H:P closed the connection ...": a failed
+        # handshake, a closed connection, garbage, more devices than can be used); a stock one
+        # returns null only for a server without devices
+        said = [line.strip() for line in recent_log(40) if line.strip().startswith(f"RPC server {endpoint} ")]
+        why = said[-1][len(f"RPC server {endpoint} "):] if said else "offers no devices"
+        raise EngineError(f"llama.cpp could not register RPC server {endpoint}: it {why}")
     with _rpc_lock:
         g["ggml_backend_register"](reg)
     return [_device(g["ggml_backend_reg_dev_get"](reg, i)) for i in range(g["ggml_backend_reg_dev_count"](reg))]
@@ -434,29 +439,44 @@ def rpc_devices() -> list[BackendDevice]:
 
 
 _ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
-_abort_note: dict[str, object] = {"text": None, "callback": None}
+_abort_note: dict[str, object] = {"line": None, "code": 2, "callback": None}
+_ABORT_LOCATION = re.compile(r"^\S+?:\d+: ")  # ggml_abort's "file.cpp:123: " before the message
+
+
+def abort_detail(message: str) -> str:
+    """ggml_abort's message without its source location, on one line."""
+    return " ".join(_ABORT_LOCATION.sub("", message.strip()).split())
 
 
 @_ABORT_CALLBACK
 def _on_ggml_abort(message: bytes | None) -> None:
     # ggml calls abort() right after this returns: say it in one line and end the process with
     # dgchat's error status instead of a core dump and a debugger's backtrace
-    detail = (message or b"").decode("utf-8", errors="replace").strip()
-    os.write(2, f"\ndgchat: error: {_abort_note['text']} (llama.cpp: {detail})\n".encode())
-    os._exit(2)
+    detail = abort_detail((message or b"").decode("utf-8", errors="replace"))
+    try:
+        line = _abort_note["line"](detail)  # type: ignore[operator]
+    except Exception:  # never let a formatting problem turn this into the crash it explains
+        line = f"dgchat: error: llama.cpp stopped the process ({detail})"
+    os.write(2, f"\n{line}\n".encode("utf-8", errors="replace"))
+    os._exit(int(_abort_note["code"]))  # type: ignore[arg-type]
 
 
-def explain_engine_aborts(text: str) -> None:
-    """From now on a fatal llama.cpp error (GGML_ABORT) ends the process with `text` and exit code 2.
+def explain_engine_aborts(line: str | Callable[[str], str], exit_code: int = 2) -> None:
+    """From now on a fatal llama.cpp error (GGML_ABORT) ends the process with one line and `exit_code`.
 
-    The RPC client aborts when a server goes away mid-generation (ggml-rpc.cpp asserts every reply):
-    nothing can keep the process alive then, but the user gets a reason instead of a crash dump."""
+    `line` is the whole line, or makes it from llama.cpp's message (without its source location).
+    The RPC client aborts when a server goes away or lies mid-generation (its callers cannot take an
+    error), and the RPC server on what its kernels assert: nothing keeps the process alive then, but
+    the user gets a reason instead of a crash dump. GGML_NO_BACKTRACE stops ggml's other way of dying
+    loudly (a C++ exception reaching std::terminate runs gdb on the process for a backtrace)."""
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")
     try:
         setter = next(f for lib in _ggml_libraries() if (f := getattr(lib, "ggml_set_abort_callback", None)))
     except StopIteration:
         return
     setter.restype, setter.argtypes = ctypes.c_void_p, [_ABORT_CALLBACK]
-    _abort_note["text"] = text
+    _abort_note["line"] = line if callable(line) else (lambda detail: f"dgchat: error: {line} (llama.cpp: {detail})")
+    _abort_note["code"] = exit_code
     _abort_note["callback"] = _on_ggml_abort
     setter(_on_ggml_abort)
 
@@ -464,6 +484,20 @@ def explain_engine_aborts(text: str) -> None:
 def _rpc_in_use() -> bool:
     with _rpc_lock:
         return _rpc_models_alive > 0
+
+
+_RPC_SET_TIMEOUTS = ctypes.CFUNCTYPE(None, ctypes.c_double, ctypes.c_double)
+
+
+def set_rpc_server_timeouts(idle_s: float, model_idle_s: float) -> bool:
+    """How long `run_rpc_server` waits for a client (engine patch 0012; 0: no limit): `idle_s` before
+    its greeting, inside a request and between requests while it holds no memory on the server;
+    `model_idle_s` between requests while it holds memory. False: this engine cannot bound them."""
+    fn = _rpc_proc("ggml_backend_rpc_dgchat_set_server_timeouts")
+    if fn is None:
+        return False
+    _RPC_SET_TIMEOUTS(fn)(float(idle_s), float(model_idle_s))
+    return True
 
 
 def run_rpc_server(endpoint: str, *, n_threads: int, use_gpu: bool = True, cache_dir: str | None = None,

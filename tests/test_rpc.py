@@ -334,7 +334,7 @@ def test_rpc_server_on_every_interface_warns() -> None:
 @pytest.mark.slow
 def test_a_server_killed_mid_generation_ends_with_one_line_not_a_crash_dump(llada_gguf: Path) -> None:
     """llama.cpp aborts when a server stops answering mid-generation (nothing can save that
-    process); dgchat turns the abort into its own error line and exit code 2."""
+    process); dgchat turns the abort into its own error line, naming the server, and exit code 2."""
     port = free_port()
     proc = start_server(port)
     cli = subprocess.Popen([sys.executable, "-m", "dgchat", "generate", "-m", str(llada_gguf), "--rpc",
@@ -355,8 +355,8 @@ def test_a_server_killed_mid_generation_ends_with_one_line_not_a_crash_dump(llad
             cli.kill()
     assert cli.returncode == 2, (cli.returncode, err[-2000:])
     last = err.strip().splitlines()[-1]
-    assert last.startswith(f"dgchat: error: llama.cpp stopped the process; with RPC servers (127.0.0.1:{port}) this "
-                           "usually means one went away or stopped answering (llama.cpp: ")
+    assert last == (f"dgchat: error: RPC server 127.0.0.1:{port} closed the connection or sent a malformed reply; "
+                    "llama.cpp cannot go on without it (the generation in progress is lost)")
     assert "Backtrace" not in err and "#0 " not in err
 
 

@@ -29,6 +29,11 @@ def config_dir() -> Path:
     return Path(platformdirs.user_config_dir(APP_NAME, appauthor=False))
 
 
+def config_path() -> Path:
+    """The program-wide config file (dgchat.config), read by the app and every subcommand."""
+    return config_dir() / "config.toml"
+
+
 def data_dir() -> Path:
     home = _home_override()
     if home is not None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dgchat.app.commands import PROVIDERS
-from dgchat.app.config import Config, validate_for_app
+from dgchat.config import Config, validate_for_app
 from dgchat.app.help_modal import HelpModal, HelpRows, remap_hint
 from dgchat.app.model_source import ModelSource
 from dgchat.app.no_model_screen import NoModelScreen

@@ -44,7 +44,7 @@ def default_export_dir() -> Path:
 def export_dir(configured: str | None) -> Path:
     """The export folder: the config's export_dir (absolute: app.config.resolve_folder, which
     load_config applied already; applying it again changes nothing), else the default."""
-    from dgchat.app.config import resolve_folder
+    from dgchat.config import resolve_folder
 
     return resolve_folder(configured) if configured else default_export_dir()
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from dgchat.app import paths
-from dgchat.app.config import Config, load_config
+from dgchat.config import Config, load_config
 from dgchat.app.model_source import ModelSource, ServerSource
 from dgchat.app.store import Store
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError

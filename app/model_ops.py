@@ -750,7 +750,7 @@ CONFIG_HEADER = (
 def _config_lines(config_path: Path) -> list[str]:
     """The config file's lines, each ending in a newline (a new file's header when there is none),
     for the edits below that keep comments and everything they do not touch."""
-    from dgchat.app.config import ConfigError
+    from dgchat.config import ConfigError
 
     try:  # a regular file of bounded size (a FIFO would block the app)
         old = read_regular_file(config_path).decode("utf-8")
@@ -769,7 +769,7 @@ def _config_lines(config_path: Path) -> list[str]:
 def save_default_model(config_path: Path, model_path: Path | str | None) -> None:
     """Set (or with None remove) `default_model` in the config file, keeping everything else as it
     is (comments, other keys, tables); creates the file if there is none. Atomic."""
-    from dgchat.app.config import ConfigError
+    from dgchat.config import ConfigError
     from dgchat.app.paths import atomic_write_text
     from dgchat.npc.toml_write import toml_string
 
@@ -801,7 +801,7 @@ def save_server(config_path: Path, url: str | None, api_key: str | None = None) 
     otherwise, so a key meant for another server is never sent to this one), or with url None
     remove both. Everything else in the file stays as it is (comments, other keys and tables);
     creates the file if there is none. Atomic."""
-    from dgchat.app.config import ConfigError
+    from dgchat.config import ConfigError
     from dgchat.app.paths import atomic_write_text
     from dgchat.npc.toml_write import toml_string
 

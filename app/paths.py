@@ -9,11 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dgchat.app.model_source import ServerSource
-from dgchat.paths import APP_NAME, atomic_write_text, config_dir, data_dir  # noqa: F401 - re-exported
-
-
-def config_path() -> Path:
-    return config_dir() / "config.toml"
+from dgchat.paths import APP_NAME, atomic_write_text, config_dir, config_path, data_dir  # noqa: F401 - re-exported
 
 
 def db_path() -> Path:

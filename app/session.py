@@ -38,7 +38,7 @@ from textual.message import Message
 from textual.message_pump import MessagePump
 
 if TYPE_CHECKING:
-    from dgchat.app.config import Config
+    from dgchat.config import Config
     from textual.app import App
 
 __all__ = ["Engine", "EngineJob", "JobDone", "ModelChange", "ModelSession", "SessionCall", "load_engine"]

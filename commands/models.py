@@ -103,7 +103,7 @@ def _hardware_for(args: argparse.Namespace, models_dir) -> Any:
 
 
 def _config():
-    from dgchat.app.config import load_config
+    from dgchat.config import load_config
 
     return load_config()
 

@@ -71,7 +71,7 @@ def server_choice(args: argparse.Namespace) -> tuple[list[str], str | None]:
 
 def _config():
     try:
-        from dgchat.app.config import load_config
+        from dgchat.config import load_config
     except ImportError:
         return None
     return load_config()

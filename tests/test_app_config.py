@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dgchat.app import paths
-from dgchat.app.config import ConfigError, load_config, validate_for_app
+from dgchat.config import ConfigError, load_config, validate_for_app
 from dgchat.app.main import resolve_app_model
 
 

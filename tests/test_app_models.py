@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from dgchat.app.config import load_config
+from dgchat.config import load_config
 from dgchat.app.models_screen import ModelsScreen
 from dgchat.hub import download as dl
 from fixtures.app_harness import FAST_SAMPLER, make_app, wait_for, wait_model

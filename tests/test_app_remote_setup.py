@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from dgchat.app import model_source
-from dgchat.app.config import load_config
+from dgchat.config import load_config
 from dgchat.app.confirm_modal import ConfirmModal
 from dgchat.app.model_source import ServerSource
 from dgchat.app.models_screen import ModelsScreen

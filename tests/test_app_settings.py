@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from dgchat.app.chat_screen import check_model_file
-from dgchat.app.config import ConfigError, load_config
+from dgchat.config import ConfigError, load_config
 from dgchat.app.export import chat_markdown, default_export_dir
 from dgchat.app.model_picker import ModelPicker
 from dgchat.app.prompt_modal import PromptModal

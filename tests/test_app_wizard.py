@@ -26,7 +26,7 @@ from fixtures.wizard_harness import (
 )
 
 from dgchat.app import session as app_session
-from dgchat.app.config import load_config
+from dgchat.config import load_config
 from dgchat.app.model_ops import TokenModal
 from dgchat.app.wizard_screen import WizardScreen
 from dgchat.hub import download as dl

@@ -86,8 +86,8 @@ def test_its_pad_bias_default_gives_answers_their_length(engine) -> None:
     """The shipped rollout-trained weights close a short answer's canvas with pads first, from its
     end backwards (model card, "the pad chain"); the file's pad bias of -1 is what lets the content
     in. Measured on the card's 8 first NPC exchanges: 198 answer tokens with it, 61 without."""
-    from dgchat.convert.bundle_default import EXCHANGES
-    from dgchat.convert.bundle_default import messages_for as exchange_messages
+    from dgchat.convert.default_model.bundle_default import EXCHANGES
+    from dgchat.convert.default_model.bundle_default import messages_for as exchange_messages
 
     assert engine.resolve().pad_bias == -1.0
     total = {}

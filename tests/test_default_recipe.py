@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dgchat.convert import default_model_config as dmc
-from dgchat.convert import default_tokenizer as dtok
-from dgchat.convert import plays_data
-from dgchat.convert import train_default as td
+from dgchat.convert.default_model import default_model_config as dmc
+from dgchat.convert.default_model import default_tokenizer as dtok
+from dgchat.convert.default_model import plays_data
+from dgchat.convert.default_model import train_default as td
 from dgchat.model_backend.errors import DgchatError
 from fixtures.recipe_samples import (
     ANGLE_NOTICE,
@@ -666,7 +666,7 @@ def grown_data(tmp_path_factory, tiny_data):
 def test_warm_start_from_gguf_keeps_weights_and_grows_the_vocabulary(tiny_data, grown_data, tmp_path):
     import torch
 
-    from dgchat.convert import warm_start
+    from dgchat.convert.default_model import warm_start
     from dgchat.convert.api import convert
 
     run = tmp_path / "v1"
@@ -724,7 +724,7 @@ def test_warm_start_from_gguf_keeps_weights_and_grows_the_vocabulary(tiny_data, 
 
 
 def test_warm_start_refuses_a_tokenizer_that_does_not_extend_the_old_one():
-    from dgchat.convert import warm_start
+    from dgchat.convert.default_model import warm_start
 
     tok = dtok.train_tokenizer(TOKENIZER_CORPUS, vocab_size=300)
     tj = json.loads(tok.to_str())

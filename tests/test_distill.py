@@ -1,4 +1,4 @@
-"""Recipe v6's teacher (convert/distill.py): its draws, its answers against the engine's own `--ar`
+"""Recipe v6's teacher (convert/default_model/distill.py): its draws, its answers against the engine's own `--ar`
 decoding of the same context, the answers file, and the canvases the trainer builds from it."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dgchat.convert import default_model_config as dmc
-from dgchat.convert import default_tokenizer as dtok
-from dgchat.convert import distill
-from dgchat.convert import plays_data
-from dgchat.convert import train_default as td
+from dgchat.convert.default_model import default_model_config as dmc
+from dgchat.convert.default_model import default_tokenizer as dtok
+from dgchat.convert.default_model import distill
+from dgchat.convert.default_model import plays_data
+from dgchat.convert.default_model import train_default as td
 from dgchat.model_backend.errors import DgchatError
 from fixtures.recipe_samples import tiny_recipe_data, tiny_text_arch
 

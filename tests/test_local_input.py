@@ -58,7 +58,7 @@ def test_threads_100000_is_one_line_naming_the_flag_and_the_range(tmp_path, comm
 
 
 def test_n_threads_in_the_config_is_bounded_too(tmp_path):
-    from dgchat.app.config import ConfigError, load_config
+    from dgchat.config import ConfigError, load_config
 
     path = tmp_path / "config.toml"
     path.write_text("n_threads = 100000\n")
@@ -133,7 +133,7 @@ def test_a_hostile_toml_file_is_scanned_in_bounded_time():
 
 
 def test_a_deep_config_card_and_lines_file_each_give_one_line(tmp_path):
-    from dgchat.app.config import ConfigError, load_config
+    from dgchat.config import ConfigError, load_config
     from dgchat.npc.cards import load_card_file
     from dgchat.npc.errors import CardError, LinesFileError
     from dgchat.npc.lines_file import load_lines_file
@@ -179,7 +179,7 @@ def test_a_fifo_as_a_card_file_is_refused_at_once(tmp_path):
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_a_fifo_as_a_lines_file_config_or_card_in_the_workshop_folder_is_refused(tmp_path, monkeypatch):
-    from dgchat.app.config import ConfigError, load_config
+    from dgchat.config import ConfigError, load_config
     from dgchat.app.npc_cards import load_shelf
     from dgchat.hub.errors import HubError
     from dgchat.hub.hardware import load_hardware_overrides
@@ -211,7 +211,7 @@ def test_a_device_is_not_a_config_either(tmp_path):
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_writing_the_config_refuses_a_fifo_there_instead_of_blocking(tmp_path):
-    from dgchat.app.config import ConfigError
+    from dgchat.config import ConfigError
     from dgchat.app.model_ops import save_default_model
 
     fifo = tmp_path / "config.toml"
@@ -225,7 +225,7 @@ def test_writing_the_config_refuses_a_fifo_there_instead_of_blocking(tmp_path):
 def test_a_relative_export_dir_is_inside_home_and_applied_once(tmp_path, monkeypatch):
     """export_dir = "exports": the dialog's default file is ~/exports/dgchat-1-....md, and accepting
     it writes there (it used to be taken relative to the folder once more: exports/exports/...)."""
-    from dgchat.app.config import load_config
+    from dgchat.config import load_config
     from dgchat.app.export import default_export_path, export_chat, export_dir, export_target
     from dgchat.app.store import Store
 

@@ -1,4 +1,4 @@
-"""The masked-diffusion sibling's recipe (convert/train_masked.py, issue 13): its LLaDA-layout model,
+"""The masked-diffusion sibling's recipe (convert/default_model/train_masked.py, issue 13): its LLaDA-layout model,
 the LLaDA SFT masking, training/resume, and export -> `dgchat convert --cache-capable` -> engine.
 
 Everything runs on tiny models (hidden 64, 2 layers, a 300-entry tokenizer trained on two
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dgchat.convert import default_tokenizer as dtok
-from dgchat.convert import train_default as td
-from dgchat.convert import train_masked as tm
+from dgchat.convert.default_model import default_tokenizer as dtok
+from dgchat.convert.default_model import train_default as td
+from dgchat.convert.default_model import train_masked as tm
 from dgchat.model_backend.errors import DgchatError
 from fixtures.convert_reference import llada_logits
 from fixtures.recipe_samples import tiny_recipe_data, tiny_text_arch
@@ -338,7 +338,7 @@ def test_init_embedding_starts_from_a_default_model_gguf(tiny_data: Path, tmp_pa
     """--init-embedding-from: the fresh run's tied embedding is the DiffusionGemma GGUF's, rescaled
     to LLaDA's init std (rows keep their directions); a GGUF of another tokenizer is refused."""
     from dgchat.convert.api import convert
-    from dgchat.convert.warm_start import embedding_from_gguf
+    from dgchat.convert.default_model.warm_start import embedding_from_gguf
 
     dg_arch = tiny_text_arch()
     dg_run = tmp_path / "dg"

@@ -1,5 +1,5 @@
 """The trained masked-diffusion sibling of the bundled model (issue 13):
-tests/models/dgchat-tiny-plays-masked.gguf, a LLaDA-layout model trained by `convert/train_masked.py`
+tests/models/dgchat-tiny-plays-masked.gguf, a LLaDA-layout model trained by `convert/default_model/train_masked.py`
 on the bundled model's plays and tokenizer, converted cache-capable (`llama`, non-causal).
 
 README's fast-decoding figures were measured on random weights, where confidence means nothing
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dgchat.convert import word_validity as wv
+from dgchat.convert.default_model import word_validity as wv
 from dgchat.model_backend.engine import DiffusionEngine
 from dgchat.model_backend.events import FinalEvent
 from dgchat.model_backend.params import DiffusionParams

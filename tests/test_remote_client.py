@@ -89,7 +89,7 @@ def test_a_stream_that_stops_early_is_broken_not_finished() -> None:
 
 
 def test_the_config_s_server_table(tmp_path) -> None:
-    from dgchat.app.config import ConfigError, load_config
+    from dgchat.config import ConfigError, load_config
 
     path = tmp_path / "config.toml"
     path.write_text('[server]\nurl = "http://gpu-box:8765"\napi_key = "sk-123"\n')

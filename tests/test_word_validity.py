@@ -1,4 +1,4 @@
-"""Issue 13's word-validity measure (convert/word_validity.py): word extraction and scoring, the
+"""Issue 13's word-validity measure (convert/default_model/word_validity.py): word extraction and scoring, the
 training word list, the held-out prompt file, and a short run on the bundled model."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 import pytest
 from dgchat.assets import bundled_model_path
-from dgchat.convert import plays_data
-from dgchat.convert import word_validity as wv
-from dgchat.convert.plays_data import Play, Scene, Speech
+from dgchat.convert.default_model import plays_data
+from dgchat.convert.default_model import word_validity as wv
+from dgchat.convert.default_model.plays_data import Play, Scene, Speech
 from fixtures.recipe_samples import real_sdist
 
 MODEL = bundled_model_path()

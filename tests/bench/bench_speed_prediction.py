@@ -113,7 +113,7 @@ def fmt(x: float, unit: str) -> str:
 
 
 def trained_rows(table: Table, dev, path: Path, name: str, args, *, typical_steps: float | None) -> None:
-    from dgchat.convert.word_validity import read_prompts
+    from dgchat.convert.default_model.word_validity import read_prompts
 
     prompts = read_prompts()[: args.prompts]
     with DiffusionEngine.load(path, n_threads=args.threads) as engine:

@@ -30,7 +30,7 @@ from typing import Iterator
 
 import numpy as np
 
-from dgchat.convert import word_validity as wv
+from dgchat.convert.default_model import word_validity as wv
 from dgchat.model_backend import diffusion_gemma, entropy_bound
 from dgchat.model_backend.engine import DiffusionEngine
 from dgchat.model_backend.events import FinalEvent, StepEvent

@@ -6,10 +6,10 @@ recipe trains one with the same data, tokenizer, chat template and training mach
 `train_default`, in GSAI-ML's `LLaDAModelLM` layout, so the project's own converter writes it as a
 cache-capable `llama` GGUF:
 
-    python -m dgchat.convert.train_default prepare --data-dir D --sdist S --vocab-size 16384
-    python -m dgchat.convert.train_masked train  --data-dir D --run-dir R [--steps N] [--max-minutes M] [--threads T]
+    python -m dgchat.convert.default_model.train_default prepare --data-dir D --sdist S --vocab-size 16384
+    python -m dgchat.convert.default_model.train_masked train  --data-dir D --run-dir R [--steps N] [--max-minutes M] [--threads T]
         [--answer-length 64 --pretrain-share 0.5 --init-embedding-from assets/dgchat-tiny-plays.gguf]
-    python -m dgchat.convert.train_masked export --run-dir R --data-dir D --out R/hf [--gguf R/masked.gguf]
+    python -m dgchat.convert.default_model.train_masked export --run-dir R --data-dir D --out R/hf [--gguf R/masked.gguf]
     dgchat convert R/hf -o R/masked.gguf --cache-capable     # what `export --gguf` does
     dgchat generate -m R/masked.gguf -p "..." --cache prefix --threshold 0.9
 
@@ -65,8 +65,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from dgchat.convert import default_tokenizer as dtok
-from dgchat.convert import train_default as td
+from dgchat.convert.default_model import default_tokenizer as dtok
+from dgchat.convert.default_model import train_default as td
 from dgchat.model_backend.errors import DgchatError
 
 # --------------------------------------------------------------------------------------------
@@ -249,7 +249,7 @@ def init_embedding(model, gguf_path: Path, tokenizer_path: Path) -> None:
     std (the tied head reads them too, and the first RMSNorm makes the scale moot at the input)."""
     import torch
 
-    from dgchat.convert.warm_start import embedding_from_gguf
+    from dgchat.convert.default_model.warm_start import embedding_from_gguf
 
     wte = model.model.transformer["wte"].weight
     emb = embedding_from_gguf(gguf_path, tokenizer_path, wte.shape[0])
@@ -551,7 +551,7 @@ def load_hf(folder: Path):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dgchat.convert.train_masked", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dgchat.convert.default_model.train_masked", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("train", help="train (resumes from the run's latest checkpoint)")
     p.add_argument("--data-dir", type=Path, required=True, help="made by `train_default prepare`")

@@ -13,7 +13,7 @@ and whole runs of positions can be accepted in one step. The teacher is this mod
 decoder (grammatical where the diffusion answers are not: model card), sampled at a low temperature
 so that some variety survives.
 
-    python -m dgchat.convert.distill --model assets/dgchat-tiny-plays.gguf --data-dir DATA \\
+    python -m dgchat.convert.default_model.distill --model assets/dgchat-tiny-plays.gguf --data-dir DATA \\
         --out DATA/teacher.npz --temperature 0 --first-temperature 1
 
 Each answer is drawn with its own generator seeded by (seed, window, turn), so the draws do not
@@ -36,8 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dgchat.convert import default_tokenizer as dtok
-from dgchat.convert.default_model_config import CANVAS_LENGTH
+from dgchat.convert.default_model import default_tokenizer as dtok
+from dgchat.convert.default_model.default_model_config import CANVAS_LENGTH
 
 MAX_NEW = CANVAS_LENGTH - 1  # the answer and its <end_of_turn> fill one canvas
 TEACHER_TOP_K = 64  # candidates per draw before top-p (the teacher's tail is never worth sampling)
@@ -213,7 +213,7 @@ class TeacherAnswers:
     have been made from that data folder (its meta.json), or DgchatError says so."""
 
     def __init__(self, path: Path, data_dir: Path | None = None) -> None:
-        from dgchat.convert.plays_data import sha256_of
+        from dgchat.convert.default_model.plays_data import sha256_of
         from dgchat.model_backend.errors import DgchatError
 
         try:
@@ -224,7 +224,7 @@ class TeacherAnswers:
             raise DgchatError(f"{path}: not a teacher answers file ({exc})") from None
         if data_dir is not None and self.meta.get("data_meta_sha256") != sha256_of(Path(data_dir) / "meta.json"):
             raise DgchatError(f"{path} answers the windows of another data folder than {data_dir} "
-                              "(its meta.json differs): make it again with python -m dgchat.convert.distill")
+                              "(its meta.json differs): make it again with python -m dgchat.convert.default_model.distill")
         offsets = np.concatenate([[0], np.cumsum(np.maximum(length, 0))])
         self._by_key: dict[tuple[int, int], np.ndarray | None] = {}
         for k in range(window.size):
@@ -239,10 +239,10 @@ class TeacherAnswers:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dgchat.convert.plays_data import sha256_of
-    from dgchat.convert.train_default import Windows
+    from dgchat.convert.default_model.plays_data import sha256_of
+    from dgchat.convert.default_model.train_default import Windows
 
-    ap = argparse.ArgumentParser(prog="python -m dgchat.convert.distill", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dgchat.convert.default_model.distill", description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, required=True, help="the teacher GGUF (its --ar decoder)")
     ap.add_argument("--data-dir", type=Path, required=True)
     ap.add_argument("--split", choices=["train", "val"], default="train")

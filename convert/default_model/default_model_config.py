@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from dgchat.convert.default_tokenizer import BOS, END_OF_TURN, EOS, PAD, VOCAB_SIZE
+from dgchat.convert.default_model.default_tokenizer import BOS, END_OF_TURN, EOS, PAD, VOCAB_SIZE
 
 CANVAS_LENGTH = 32  # most speeches are a line or two; short canvases waste less on padding
 MAX_SEQ_LEN = 256  # training window (tokens); must stay below SLIDING_WINDOW
@@ -95,7 +95,7 @@ class TrainSettings:
 
 V1_VOCAB_SIZE = 8192
 
-# v2 (issue 13) continues from v1's weights (convert/warm_start.py) with the vocabulary grown to
+# v2 (issue 13) continues from v1's weights (convert/default_model/warm_start.py) with the vocabulary grown to
 # 16,384 entries and more of its canvases at high noise. Peak LR half of v1's: the body is already
 # trained, the 8,192 new token rows are not. 1000 steps measured ~5 s each on the 2-core machine
 # (the 16k LM head costs ~1.6x the 8k one per step), about 90 minutes with evaluation.
@@ -119,7 +119,7 @@ V4_ROLLOUT_FRESH = replace(V3_ROLLOUT, rollout_loss_fresh_only=True)
 # (runs of commas, the next turn's header), and canvases that never settle: not shipped.
 V5_ROLLOUT_TEXT_TAIL = replace(V3_ROLLOUT, turn_tail="text")
 # v6 (issue 13, ninth session): v4's weights, the decoder trained on a teacher's answers instead of
-# the plays' lines (sequence-level distillation, convert/distill.py; `train --teacher FILE`), the
+# the plays' lines (sequence-level distillation, convert/default_model/distill.py; `train --teacher FILE`), the
 # encoder's AR loss still on the plays. The v4 decoder resolves ~1.3 canvas positions a step because
 # the plays' next line, given its scene, could be almost anything; the teacher's answers (the model's
 # own left-to-right decoder, its first word sampled, the rest greedy) are a function of the context

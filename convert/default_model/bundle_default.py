@@ -1,6 +1,6 @@
 """Export the trained default model into `assets/` and measure what the model card reports (issue 4).
 
-    python -m dgchat.convert.bundle_default --model convert/runs/v4/dgchat-tiny-plays --data-dir convert/runs/data \\
+    python -m dgchat.convert.default_model.bundle_default --model convert/runs/v4/dgchat-tiny-plays --data-dir convert/runs/data \\
         --out assets/dgchat-tiny-plays.gguf --report convert/runs/v4/bundle_report.json
 
 1. `dgchat convert` (the path a user's 26B checkpoint takes) writes the exported folder as GGUF
@@ -117,10 +117,10 @@ def samples_markdown(samples: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from dgchat.convert.api import convert
-    from dgchat.convert.train_default import Windows
+    from dgchat.convert.default_model.train_default import Windows
     from dgchat.paths import atomic_write_bytes, atomic_write_text
 
-    ap = argparse.ArgumentParser(prog="python -m dgchat.convert.bundle_default", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dgchat.convert.default_model.bundle_default", description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, required=True, help="the exported HF-style folder")
     ap.add_argument("--data-dir", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True, help="the GGUF to write (assets/dgchat-tiny-plays.gguf)")

@@ -1,6 +1,6 @@
 """OpenAI's wire format as servers actually send it, read into small typed, validated objects.
 
-Shapes covered (tests/test_remote_wire.py checks each against the documented source):
+Shapes covered (tests/remote/test_wire.py checks each against the documented source):
 - `/v1/models`: `{"object": "list", "data": [{"id", "object": "model", "owned_by", ...}]}`; vLLM adds
   `max_model_len`, dgchat serve a `dgchat` object (context length, mask and end tokens, defaults).
 - streamed chunks: `chat.completion.chunk` (`choices[].delta.content`) and `text_completion`

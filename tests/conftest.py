@@ -1,9 +1,16 @@
-"""Shared fixtures: tiny GGUF models built once per test session."""
+"""Fixtures every test folder may use: tiny GGUF models built once per test session, the session's
+base folder of memoised checkpoints, the local hub with an isolated huggingface_hub home, a real
+`dgchat serve` on loopback; and, for every test, an isolated home and the reference machine profile.
+
+Fixtures only one folder uses live in that folder's conftest.py (tests/app/conftest.py). Builders
+that tests call with arguments stay modules under tests/fixtures/, imported as `fixtures.<module>`:
+this file puts tests/ on sys.path for that (tests/README.md describes the layout)."""
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,6 +18,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from fixtures.gguf_models import TinySpec, write_tiny_gguf  # noqa: E402
+from fixtures.hub_fixtures import REPO, FILE, model_bytes  # noqa: E402
+from fixtures.hub_server import HubServer  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -54,6 +63,65 @@ def unknown_arch_gguf(model_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def small_ctx_gguf(model_dir: Path) -> Path:
     return _build(model_dir, "tiny-small-context", TinySpec(arch="llada", n_ctx=64))
+
+
+@pytest.fixture(scope="session")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's base temp folder: fixtures.convert_cache and fixtures.dg_cache memoise the
+    checkpoints and conversions they build there, so each is built once however many modules use it."""
+    return tmp_path_factory.getbasetemp()
+
+
+# -- the local hub (tests/fixtures/hub_server.py) and an isolated huggingface_hub home -----------
+
+@pytest.fixture
+def hub() -> Iterator[HubServer]:
+    """A local hub on 127.0.0.1 serving the fixture model as REPO/FILE (fixtures.hub_fixtures), per test."""
+    server = HubServer().start()
+    server.add_file(REPO, FILE, model_bytes())
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def hf_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """huggingface_hub's folders and token under tmp, offline by default (as dgchat runs)."""
+    from huggingface_hub import constants
+
+    home = tmp_path / "hf-home"
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    monkeypatch.setattr(constants, "HF_HOME", str(home))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(home / "token"))
+    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(home / "stored_tokens"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return home
+
+
+# -- a real `dgchat serve` on loopback over the tiny llada, one per test module ------------------
+# (the remote tests and the app's remote tests; a module that needs another engine or server
+# defines its own fixture of that name, which pytest prefers)
+
+@pytest.fixture(scope="module")
+def engine(llada_gguf: Path):
+    from dgchat.model_backend.engine import DiffusionEngine
+
+    with DiffusionEngine.load(llada_gguf, n_threads=1) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    from dgchat.server.app import ServeConfig, ServerThread
+
+    with ServerThread(engine, ServeConfig(port=0, quiet=True)) as st:
+        yield st
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,6 @@
 """Text from outside at the terminal (issue 31): the one rule (dgchat.terminal_text), the places
 outside the app that use it (error lines, `generate`'s output, exports), and the app's output
-guard. The app's own views are tested under Pilot and in a pty in tests/test_app_outside_text.py."""
+guard. The app's own views are tested under Pilot and in a pty in tests/app/test_outside_text.py."""
 
 from __future__ import annotations
 

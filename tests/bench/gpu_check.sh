@@ -20,7 +20,7 @@
 #   BUDGET_S [565]  wall-clock budget of the whole script; keep it under the run's timeout_s
 #   T_BUILD [330] T_SANITY [60] T_TESTS [200] T_MAKE [330] T_BENCH [240]  caps per stage (s)
 #   STAGES ["sanity tests bench"]  (build always runs)   GPU_CHECK_DIR [.gpu_check]
-#   TESTS ["tests/test_dg_numerics.py tests/test_dg_sampler.py tests/test_backend_sampler.py"]  PYTEST_ARGS []
+#   TESTS ["tests/model_backend/test_diffusion_gemma_numerics.py tests/model_backend/test_diffusion_gemma_sampler.py tests/model_backend/test_backend_sampler.py"]  PYTEST_ARGS []
 #   BENCH_MODEL [/tmp/gpu_check/dg-fullshape-L30-q4_0.gguf] BENCH_LAYERS [30] BENCH_QTYPE [q4_0]
 #   MAKE_ARGS [] (extra make_fullshape_dg.py flags)   BENCH_STEPS [16,24,32,48]  BENCH_ARGS []
 #   BUILD_TARGETS ["llama llama-diffusion-cli"]  EXTRA_CMAKE_ARGS []
@@ -46,7 +46,7 @@ CUDA=${CUDA:-ON}
 BUDGET_S=${BUDGET_S:-565}
 T_BUILD=${T_BUILD:-330}; T_SANITY=${T_SANITY:-60}; T_TESTS=${T_TESTS:-200}; T_MAKE=${T_MAKE:-330}; T_BENCH=${T_BENCH:-240}
 STAGES=${STAGES:-sanity tests bench}
-TESTS=${TESTS:-tests/test_dg_numerics.py tests/test_dg_sampler.py tests/test_backend_sampler.py}
+TESTS=${TESTS:-tests/model_backend/test_diffusion_gemma_numerics.py tests/model_backend/test_diffusion_gemma_sampler.py tests/model_backend/test_backend_sampler.py}
 PYTEST_ARGS=${PYTEST_ARGS:-}
 BENCH_LAYERS=${BENCH_LAYERS:-30}; BENCH_QTYPE=${BENCH_QTYPE:-q4_0}; BENCH_STEPS=${BENCH_STEPS:-16,24,32,48}
 BENCH_MODEL=${BENCH_MODEL:-$WORK/dg-fullshape-L${BENCH_LAYERS}-${BENCH_QTYPE}.gguf}

@@ -12,14 +12,19 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from fixtures.gguf_models import TinySpec, write_tiny_gguf  # noqa: E402
-from fixtures.hub_fixtures import REPO, FILE, model_bytes  # noqa: E402
+from fixtures.hub_fixtures import FILE, REPO, model_bytes  # noqa: E402
 from fixtures.hub_server import HubServer  # noqa: E402
+
+if TYPE_CHECKING:  # the engine loads llama.cpp: imported where a test asks for it
+    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.server.app import ServerThread
 
 
 @pytest.fixture(scope="session")
@@ -109,7 +114,7 @@ def hf_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 # defines its own fixture of that name, which pytest prefers)
 
 @pytest.fixture(scope="module")
-def engine(llada_gguf: Path):
+def engine(llada_gguf: Path) -> Iterator[DiffusionEngine]:
     from dgchat.model_backend.engine import DiffusionEngine
 
     with DiffusionEngine.load(llada_gguf, n_threads=1) as e:
@@ -117,7 +122,7 @@ def engine(llada_gguf: Path):
 
 
 @pytest.fixture(scope="module")
-def server(engine):
+def server(engine: DiffusionEngine) -> Iterator[ServerThread]:
     from dgchat.server.app import ServeConfig, ServerThread
 
     with ServerThread(engine, ServeConfig(port=0, quiet=True)) as st:

@@ -17,6 +17,8 @@ from dgchat.model_backend.llamacpp.library import llama_cpp as _llama
 
 @dataclass(frozen=True)
 class EngineInfo:
+    """What the loaded llama.cpp build can do; the properties name each feature dgchat's patches add."""
+
     llama_cpp_version: str
     gpu_offload: bool
     patch_level: int  # 0: stock llama.cpp; >0: dgchat's patch set (engine/patches)
@@ -50,6 +52,7 @@ class EngineInfo:
 
 
 def engine_info() -> EngineInfo:
+    """The loaded build's version, GPU offload and dgchat patch level (0 for a stock llama-cpp-python)."""
     lib = _llama.llama_cpp._lib
     level = 0
     fn = getattr(lib, "llama_dgchat_patch_level", None)

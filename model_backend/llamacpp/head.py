@@ -9,6 +9,7 @@ probabilities come back instead of the row's logits (see llama_dgchat_head_* in 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,7 +57,8 @@ class HeadBatch(ctypes.Structure):
     ]
 
 
-def _bind_head():
+def _bind_head() -> dict[str, Callable] | None:
+    """The head's C functions with their signatures, or None when this engine lacks patch 0006."""
     lib = _llama.llama_cpp._lib
     if getattr(lib, "llama_dgchat_head_prepare", None) is None:
         return None

@@ -102,12 +102,14 @@ def rpc_in_use() -> bool:
 
 
 def rpc_model_loaded() -> None:
+    """A model that placed layers on the RPC servers was loaded."""
     global _rpc_models_alive
     with _rpc_lock:
         _rpc_models_alive += 1
 
 
 def rpc_model_closed() -> None:
+    """A model counted by `rpc_model_loaded` was freed."""
     global _rpc_models_alive
     with _rpc_lock:
         _rpc_models_alive -= 1

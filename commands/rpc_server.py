@@ -2,7 +2,7 @@
 
 llama-cpp-python's wheel does not ship llama.cpp's `rpc-server` program, so this runs the same
 server from dgchat's own engine library (ggml_backend_rpc_start_server, through
-model_backend/llamacpp.py): the served machine computes with exactly the patched build the client
+model_backend/llamacpp/): the served machine computes with exactly the patched build the client
 has. Needs an engine built with `python engine/build.py --rpc`. See docs/SCALING.md.
 """
 

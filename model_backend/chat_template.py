@@ -12,6 +12,7 @@ compiled once in it (cached by its sha256) and re-rendered per conversation.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
@@ -183,8 +184,6 @@ def _shared_worker() -> TemplateWorker | None:
     with _WORKER_LOCK:
         if _WORKER is None:
             _WORKER = TemplateWorker()
-            import atexit
-
             atexit.register(_WORKER.close)
         return _WORKER
 

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize
 
 from dgchat.model_backend.errors import ModelFileError
 
@@ -169,11 +171,8 @@ def tensor_nbytes(shape: tuple[int, ...], ggml_type: int) -> int:
     return n // block_size * type_size
 
 
-def read_tensor(header: GgufHeader, name: str) -> "np.ndarray":
+def read_tensor(header: GgufHeader, name: str) -> np.ndarray:
     """Tensor data as float32 numpy, in numpy order (reversed ggml shape). Quantized types are dequantized."""
-    import numpy as np
-    from gguf.quants import dequantize
-
     info = header.tensors.get(name)
     if info is None:
         raise ModelFileError(f"{header.path.name}: tensor {name!r} not found")

@@ -24,6 +24,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
+from dgchat.model_backend.architectures import SUPPORTED_HELP
 from dgchat.model_backend.errors import ModelFileError, UnsupportedModelError
 from dgchat.model_backend.gguf_file import GgufHeader, LazyArray
 
@@ -185,8 +186,6 @@ def check_model_header(header: GgufHeader) -> None:
             raise UnsupportedModelError(f"{c.name}: GGUF has no general.architecture key")
         c.fail("general.architecture", raw, "is not a string")
     if arch not in ACCEPTED_ARCHS and arch != "diffusion-gemma":
-        from dgchat.model_backend.model_info import SUPPORTED_HELP
-
         raise UnsupportedModelError(f"{c.name}: unknown model architecture: {_show(arch)}; dgchat runs {SUPPORTED_HELP}")
     if arch == "diffusion-gemma":
         return  # never loaded: inspect_header asks for `dgchat convert`, which validates the tensors it remaps

@@ -5,15 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dgchat.model_backend.architectures import NATIVE_DIFFUSION_ARCHS, SUPPORTED_HELP
 from dgchat.model_backend.errors import InvalidParameterError, ModelFileError, UnsupportedModelError
 from dgchat.model_backend.gguf_file import GgufHeader
-
-# Architectures llama.cpp itself treats as diffusion models (llm_arch_is_diffusion): no KV memory.
-NATIVE_DIFFUSION_ARCHS = ("llada", "llada-moe", "dream", "rnd1")
-SUPPORTED_HELP = (
-    "llada, llada-moe, dream, rnd1, DiffusionGemma (gemma4 GGUFs converted by `dgchat convert`), "
-    "or their KV-cache conversions (llama, qwen2, qwen3moe, hy_v3 with attention.causal = false and a mask token)"
-)
+from dgchat.model_backend.model_check import check_model_header, vocab_size
+from dgchat.model_backend.params import DiffusionParams
 
 # Published sampler settings per family (model cards / reference generate code):
 # LLaDA generate.py: gen_length 128, steps 128, block_length 32, low_confidence remasking, temperature 0.
@@ -95,8 +91,6 @@ _DEFAULT_TYPES: dict[str, type] = {
 def _checked_default(header: GgufHeader, key: str, param: str, value: Any) -> Any:
     """A sampler default from the file, type- and range-checked like a user's flag (the same bounds:
     a file must not be able to ask for 4e9 steps or a canvas of a billion tokens)."""
-    from dgchat.model_backend.params import DiffusionParams
-
     want = _DEFAULT_TYPES[param]
     ok = (isinstance(value, str) if want is str else
           isinstance(value, int) and not isinstance(value, bool) if want is int else
@@ -120,9 +114,6 @@ MAX_DEFAULT_LOGITS = 1 << 29
 def _check_defaults(header: GgufHeader, defaults: dict[str, Any]) -> None:
     """The defaults together, as `DiffusionEngine.resolve` will combine them (a block at least as long
     as the canvas is dropped there, so it is dropped here too)."""
-    from dgchat.model_backend.model_check import vocab_size
-    from dgchat.model_backend.params import DiffusionParams
-
     canvas = int(defaults.get("gen_length") or 128)
     if canvas * vocab_size(header) > MAX_DEFAULT_LOGITS:
         raise ModelFileError(f"{header.path.name}: the file's default canvas of {canvas} tokens over its "
@@ -141,8 +132,6 @@ def inspect_header(header: GgufHeader) -> ModelInfo:
     """Classify the model or raise UnsupportedModelError / ModelFileError with a one-line reason.
 
     Every value dgchat or llama.cpp will read is type- and range-checked first (model_check)."""
-    from dgchat.model_backend.model_check import check_model_header
-
     check_model_header(header)
     arch = header.architecture
     name = header.get("general.name") or header.path.stem

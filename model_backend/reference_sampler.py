@@ -44,11 +44,11 @@ import numpy as np
 
 from dgchat.model_backend.cxx_random import CxxMt19937
 from dgchat.model_backend.errors import InvalidParameterError
+from dgchat.model_backend.llamacpp.sampler_chain import LLAMA_DEFAULT_SEED, SAMPLER_CHAIN, DistSampler, SamplerChain
 from dgchat.model_backend.schedules import even_split, timestep_transfer_count
 
 ALGORITHM_IDS = {"origin": 0, "entropy": 1, "margin": 2, "random": 3, "confidence": 4}
 CHAINS = ("auto", "llama.cpp", "numpy")
-_LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 _ENTROPY_EPS = np.float32(1e-10)
 
 
@@ -91,19 +91,16 @@ class _LlamaChain:
     size is known from the logits."""
 
     def __init__(self, p: ReferenceParams, threads: int) -> None:
-        from dgchat.model_backend import llamacpp
-
-        self._llamacpp = llamacpp
         self._p = p
         self._threads = max(1, int(threads))
         self._chain = None
-        self._select = llamacpp.DistSampler(p.seed) if p.alg_temp > 0.0 else None
+        self._select = DistSampler(p.seed) if p.alg_temp > 0.0 else None
 
     def _built(self, n_vocab: int):
         if self._chain is None:
             p = self._p
-            self._chain = self._llamacpp.SamplerChain(n_vocab, top_k=p.top_k, top_p=p.top_p,
-                                                      temperature=p.temperature, seed=p.seed)
+            self._chain = SamplerChain(n_vocab, top_k=p.top_k, top_p=p.top_p, temperature=p.temperature,
+                                       seed=p.seed)
         return self._chain
 
     def sample(self, logits: np.ndarray, rows: np.ndarray, algorithm: str,
@@ -140,11 +137,8 @@ class _LlamaChain:
 
 
 def _llama_chain_available() -> bool:
-    try:
-        from dgchat.model_backend import llamacpp
-    except Exception:  # llama-cpp-python missing or broken: the numpy chain still works
-        return False
-    return bool(llamacpp.SAMPLER_CHAIN)
+    """This llama-cpp-python has the sampler API (else the numpy chain samples)."""
+    return SAMPLER_CHAIN
 
 
 # -- the numpy re-implementation (fallback and cross-check) -----------------------------------------
@@ -284,7 +278,7 @@ class _NumpyChain:
 def _make_chain(p: ReferenceParams, chain: str, threads: int) -> _LlamaChain | _NumpyChain:
     if chain not in CHAINS:
         raise InvalidParameterError(f"reference mode: chain must be one of {', '.join(CHAINS)} (got {chain!r})")
-    reproducible = (int(p.seed) & 0xFFFFFFFF) != _LLAMA_DEFAULT_SEED
+    reproducible = (int(p.seed) & 0xFFFFFFFF) != LLAMA_DEFAULT_SEED
     if chain == "llama.cpp" or (chain == "auto" and reproducible and _llama_chain_available()):
         return _LlamaChain(p, threads)
     return _NumpyChain(p)

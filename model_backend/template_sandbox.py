@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import signal
 import struct
 import sys
 from datetime import datetime
@@ -251,10 +252,8 @@ def _read_exact(stream: Any, n: int) -> bytes | None:
 
 
 def _serve() -> None:
-    import signal
-
     try:
-        import resource
+        import resource  # POSIX only: elsewhere the worker runs without a memory limit
 
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
     except (ImportError, ValueError, OSError):

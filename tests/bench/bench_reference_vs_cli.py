@@ -16,7 +16,7 @@ each have a distinct text, so equal text means equal tokens). Runs alternate whi
 first; the summary gives the median ratio per thread count, since a shared machine is noisy.
 
 OpenMP's wait policy matters with several threads: dgchat sets GOMP_SPINCOUNT=2000 (a short bounded
-spin) when OMP_WAIT_POLICY is unset (model_backend/llamacpp.py), while the CLI runs with the
+spin) when OMP_WAIT_POLICY is unset (model_backend/llamacpp/library.py), while the CLI runs with the
 environment this script was started with (libgomp's default spins for a long while). Set
 OMP_WAIT_POLICY yourself to give both the same, or pass --libgomp-default to run reference mode with
 libgomp's default too, or --gomp-spincount N for another bounded spin.

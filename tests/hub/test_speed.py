@@ -302,6 +302,7 @@ def test_listing_rows_carry_speed_and_badge() -> None:
 def test_profile_cache_reused_and_invalidated(monkeypatch: pytest.MonkeyPatch) -> None:
     from dgchat.hub import machine_profile as mp
     from dgchat.model_backend import llamacpp
+    from dgchat.model_backend.llamacpp import build_info
 
     cached = mp.cached_profile()
     assert cached is not None  # the reference profile tests/conftest.py saved as this build's
@@ -312,7 +313,7 @@ def test_profile_cache_reused_and_invalidated(monkeypatch: pytest.MonkeyPatch) -
     assert mp.ensure_profile(remeasure=True).seconds == 1.0 and calls == [1]
     # a new engine build (here: another patch level) has another key: the saved profile is stale
     info = llamacpp.engine_info()
-    monkeypatch.setattr(llamacpp, "engine_info", lambda: replace(info, patch_level=info.patch_level + 1))
+    monkeypatch.setattr(build_info, "engine_info", lambda: replace(info, patch_level=info.patch_level + 1))
     assert mp.cached_profile() is None
     ensured = mp.ensure_profile()
     assert calls == [1, 1] and ensured.seconds == 1.0

@@ -155,19 +155,20 @@ def test_no_extra_weight_buffers_on_an_amx_cpu(monkeypatch) -> None:
     """Built by GCC 12, ggml's AMX weight buffer segfaults on the first decode of a q8_0 model
     (ggml-org/llama.cpp#20824): on an AMX CPU only an engine with patch 0009 (level 4) uses it."""
     from dgchat.model_backend import llamacpp
+    from dgchat.model_backend.llamacpp import build_info, library
 
     monkeypatch.delenv("DGCHAT_CPU_EXTRA_BUFFERS", raising=False)
     amx = b"CPU : AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 | "
     plain = b"CPU : AVX2 = 1 | AVX512 = 1 | REPACK = 1 | "
-    monkeypatch.setattr(llamacpp._llama, "llama_print_system_info", lambda: amx)
+    monkeypatch.setattr(library.llama_cpp, "llama_print_system_info", lambda: amx)
     for level, extra in ((0, False), (3, False), (4, True)):
-        monkeypatch.setattr(llamacpp, "engine_info", lambda level=level: llamacpp.EngineInfo("?", False, level))
+        monkeypatch.setattr(build_info, "engine_info", lambda level=level: llamacpp.EngineInfo("?", False, level))
         assert llamacpp.cpu_uses_amx() and llamacpp.use_extra_buffer_types() is extra, level
-    monkeypatch.setattr(llamacpp, "engine_info", lambda: llamacpp.EngineInfo("?", False, 0))
+    monkeypatch.setattr(build_info, "engine_info", lambda: llamacpp.EngineInfo("?", False, 0))
     monkeypatch.setenv("DGCHAT_CPU_EXTRA_BUFFERS", "1")
     assert llamacpp.use_extra_buffer_types()
     monkeypatch.delenv("DGCHAT_CPU_EXTRA_BUFFERS")
-    monkeypatch.setattr(llamacpp._llama, "llama_print_system_info", lambda: plain)
+    monkeypatch.setattr(library.llama_cpp, "llama_print_system_info", lambda: plain)
     assert not llamacpp.cpu_uses_amx() and llamacpp.use_extra_buffer_types()
     monkeypatch.setenv("DGCHAT_CPU_EXTRA_BUFFERS", "0")
     assert not llamacpp.use_extra_buffer_types()

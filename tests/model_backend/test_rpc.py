@@ -384,12 +384,12 @@ def test_npc_lines_with_rpc_are_the_local_lines(llada_gguf: Path, two_servers: l
 async def test_the_chat_app_shows_the_untrusted_network_warning(tmp_path: Path, monkeypatch, llada_gguf: Path) -> None:
     """A warning that `--rpc` printed on stderr before the app took the terminal is also a notice in
     the app, where the user looks."""
-    from dgchat.model_backend import rpc
+    from dgchat.model_backend import rpc_probe
     from fixtures.app_harness import make_app, setup_home, wait_model
 
     setup_home(tmp_path, monkeypatch)
     warning = "RPC server 8.8.8.8:50052 is not on a loopback or private address: test warning"
-    monkeypatch.setattr(rpc, "_warnings", [warning])
+    monkeypatch.setattr(rpc_probe.SERVERS, "warnings", [warning])
     app = make_app(llada_gguf)
     async with app.run_test(size=(110, 34)) as pilot:
         await wait_model(pilot)

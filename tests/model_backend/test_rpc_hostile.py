@@ -35,9 +35,9 @@ from fixtures.rpc_wire import Answers, FakeServer
 
 
 def _engine_has(proc: str) -> bool:
-    from dgchat.model_backend import llamacpp
+    from dgchat.model_backend.llamacpp import rpc_backend
 
-    return llamacpp.rpc_supported() and llamacpp._rpc_proc(proc) is not None
+    return rpc_backend.rpc_supported() and rpc_backend.rpc_proc(proc) is not None
 
 
 HAS_RPC = _engine_has("ggml_backend_rpc_add_server")

@@ -1,0 +1,10 @@
+"""The model architectures dgchat runs, as both the header checks (model_check.py) and the model
+classification (model_info.py) name them. Plain data: it imports nothing, so both can import it."""
+
+# Architectures llama.cpp itself treats as diffusion models (llm_arch_is_diffusion): no KV memory.
+NATIVE_DIFFUSION_ARCHS = ("llada", "llada-moe", "dream", "rnd1")
+# What an "unsupported model" error tells the user dgchat runs
+SUPPORTED_HELP = (
+    "llada, llada-moe, dream, rnd1, DiffusionGemma (gemma4 GGUFs converted by `dgchat convert`), "
+    "or their KV-cache conversions (llama, qwen2, qwen3moe, hy_v3 with attention.causal = false and a mask token)"
+)

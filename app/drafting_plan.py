@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from dgchat.app.engine_protocol import Engine, served
+from dgchat.model_backend.engine_protocol import Engine, served
 from dgchat.model_backend.errors import DgchatError
 from dgchat.model_backend.events import FinalEvent
 from dgchat.model_backend.masked_diffusion import CanvasTemplate

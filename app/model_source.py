@@ -58,6 +58,6 @@ def engine_can_count(engine: object) -> bool:
     """Whether the engine has the model's tokenizer (a context count before an answer). A remote
     engine has none: its prompts are messages sent to the server, which reports the count with
     each answer."""
-    from dgchat.app.engine_protocol import served
+    from dgchat.model_backend.engine_protocol import served
 
     return served(engine) is None

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dgchat.app import model_source
-from dgchat.app.engine_protocol import Engine, served
+from dgchat.model_backend.engine_protocol import Engine, served
 from dgchat.app.model_source import ModelSource, ServerSource, as_source
 from dgchat.app.paths import display_name
 from dgchat.model_backend.errors import GenerationCancelled, error_text

@@ -1,6 +1,6 @@
 """`RemoteEngine`: an OpenAI-compatible server standing in for a loaded model.
 
-It offers what the app's `Engine` Protocol (app/engine_protocol.py) asks of a local
+It offers what the app's `Engine` Protocol (model_backend/engine_protocol.py) asks of a local
 DiffusionEngine, as far as a server can:
 
 - `generate()` yields the same StepEvent/FinalEvent stream. Against `dgchat serve` it asks for the

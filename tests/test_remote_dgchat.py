@@ -179,7 +179,7 @@ def test_the_app_s_engine_protocol_and_chat_job(server) -> None:
     """RemoteEngine has every member of the app's Engine Protocol, and the chat's job runs on it
     unchanged: steps recorded for the live view, the answer as its result (app/session.py lends
     the engine; here the test does)."""
-    from dgchat.app.engine_protocol import Engine
+    from dgchat.model_backend.engine_protocol import Engine
     from dgchat.app.generation import ChatAnswer
 
     members = {n for n in vars(Engine) if not n.startswith("_")} | set(Engine.__annotations__)

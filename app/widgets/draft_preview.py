@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from dgchat.app.engine_protocol import Engine
+from dgchat.model_backend.engine_protocol import Engine
 from dgchat.app.widgets.canvas import _VISIBLE_CONTROLS, PLACEHOLDER, _wrap
 from dgchat.model_backend.canvas import Cell
 from dgchat.model_backend.events import StepEvent

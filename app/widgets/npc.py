@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dgchat.app.engine_protocol import Engine
+from dgchat.model_backend.engine_protocol import Engine
 from dgchat.app.widgets.canvas import _PROGRESS, LiveCanvas, _wrap
 from dgchat.npc.cards import CharacterCard
 from dgchat.npc.generator import LineBatch, LineVariant

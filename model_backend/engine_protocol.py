@@ -1,7 +1,10 @@
-"""`Engine`: what the app uses of a loaded model, as a Protocol.
+"""`Engine`: what the rest of dgchat uses of a loaded model, as a Protocol.
 
-model_backend.engine.DiffusionEngine is the real one; tests wrap it (to hold a generation at a
-step). Typing screens and widgets with this instead of `Any` says which calls the UI relies on.
+model_backend.engine.DiffusionEngine (and its DiffusionGemmaEngine) is the real one;
+dgchat.remote.RemoteEngine stands in for a model on a server; tests wrap both (to hold a generation
+at a step). The app, the server, the NPC generator and the commands type engines with this: it says
+which calls they rely on. Nothing outside model_backend reaches into an engine's llama.cpp model:
+what they need of its vocabulary (size, end tokens, tokenizer, token text) is here.
 
 `ServedEngine` is an optional capability on top: what a server's model (dgchat.remote.RemoteEngine)
 adds. Screens ask `served(engine)` instead of probing attributes one by one.
@@ -23,10 +26,9 @@ if TYPE_CHECKING:
 
 
 class Engine(Protocol):
-    """What the app uses of a loaded model (model_backend.engine.DiffusionEngine; tests wrap it)."""
+    """What dgchat uses of a loaded model (model_backend.engine.DiffusionEngine, remote.RemoteEngine)."""
 
     info: ModelInfo
-    model: Any  # the llama.cpp model (vocabulary, end tokens) for the tools' token bookkeeping
 
     @property
     def label(self) -> str: ...
@@ -40,11 +42,28 @@ class Engine(Protocol):
     def check_fits(self, prompt_tokens: int, params: DiffusionParams) -> None: ...
     def generate(self, prompt_tokens: np.ndarray, params: DiffusionParams | None = None, *,
                  cancel: threading.Event | None = None, template: Any = None) -> Iterator[StepEvent | FinalEvent]: ...
+    def generate_batch(self, prompts: Sequence[np.ndarray], params: Sequence[DiffusionParams], *,
+                       cancel: threading.Event | None = None,
+                       templates: Sequence[Any] | None = None) -> Iterator[tuple[int, StepEvent | FinalEvent]]: ...
     def piece(self, token: int) -> str: ...
     def detokenize(self, tokens: np.ndarray | Sequence[int]) -> str: ...
     def is_end(self, token: int) -> bool: ...
     def is_special(self, token: int) -> bool: ...  # markup, never drawn as text (cheap: cached per token)
     def close(self) -> None: ...
+
+    # -- the vocabulary, for token bookkeeping (logit biases, infill canvases, text streaming) --
+    @property
+    def n_vocab(self) -> int: ...  # token ids are below this (0: a server that does not say)
+    def eog_ids(self) -> np.ndarray: ...  # the vocabulary's end-of-generation ids (eos, eot, ...)
+    @property
+    def eos(self) -> int | None: ...  # the vocabulary's eos: also the filler of a uniform-state infill canvas
+    @property
+    def end_token(self) -> int | None: ...  # the token that closes a turn: end of turn, else eos
+    @property
+    def added_bos(self) -> int | None: ...  # the BOS `encode`/`chat_prompt` put first, None if the model adds none
+    def tokenize(self, text: str, *, special: bool = False) -> np.ndarray: ...  # like encode, without a BOS
+    def token_bytes(self, token: int) -> bytes: ...  # a token's answer text (b"" for control tokens)
+    def control_tokens(self) -> tuple[int, ...]: ...  # control tokens (turn markers, BOS) other than end tokens
 
 
 @runtime_checkable

@@ -194,7 +194,7 @@ class DiffusionEngine:
 
     def eog_ids(self) -> np.ndarray:
         """The vocabulary's end-of-generation ids (eos, eot, and the ones llama.cpp derives). `is_end`
-        also counts the ids a model's own metadata adds (DiffusionGemma's diffusion eos list)."""
+        also counts the end ids an engine subclass reads from the model's own metadata."""
         return self.model.eog_ids()
 
     @property

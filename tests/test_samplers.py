@@ -196,6 +196,9 @@ def test_cfg_combines_conditional_and_unconditional() -> None:
         def __init__(self):
             self.seqs = []
 
+        def answer(self, requests):
+            return [self.logits(r) for _, r in requests]
+
         def logits(self, request):
             sequence, rows = request.sequence, request.rows
             self.seqs.append(sequence.copy())

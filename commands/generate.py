@@ -9,7 +9,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dgchat.commands.common import (
     add_common,
@@ -19,9 +19,12 @@ from dgchat.commands.common import (
     params_from_args,
     resolve_model_path,
 )
-from dgchat.model_backend.engine_protocol import Engine, ServedEngine
+from dgchat.model_backend.engine_protocol import Engine
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.model_backend.events import FinalEvent, StepEvent
+
+if TYPE_CHECKING:  # a type only: the remote engine is imported when --server is used
+    from dgchat.remote.engine import RemoteEngine
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -226,7 +229,7 @@ def _run_remote(args: argparse.Namespace, url: str, api_key: str | None) -> int:
         engine.close()
 
 
-def _remote_json(final: FinalEvent, engine: ServedEngine, params) -> dict[str, Any]:
+def _remote_json(final: FinalEvent, engine: RemoteEngine, params) -> dict[str, Any]:
     settings = final.extra.get("settings") or {}
     return {
         "text": final.text,

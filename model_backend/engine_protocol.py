@@ -66,6 +66,13 @@ class Engine(Protocol):
     def control_tokens(self) -> tuple[int, ...]: ...  # control tokens (turn markers, BOS) other than end tokens
 
 
+class LocalEngine(Engine, Protocol):
+    """An engine whose model runs in this process (DiffusionEngine): what the server and the NPC
+    generator need on top of `Engine`, the model's own score of a text."""
+
+    def pseudo_log_likelihood(self, context: np.ndarray, answer: np.ndarray, *, groups: int = 4) -> np.ndarray: ...
+
+
 @runtime_checkable
 class ServedEngine(Protocol):
     """What an engine on an OpenAI-compatible server adds to `Engine` (dgchat.remote.RemoteEngine, or

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from dgchat.model_backend.chat_template import TemplateRenderError
-from dgchat.model_backend.engine_protocol import Engine
+from dgchat.model_backend.engine_protocol import LocalEngine
 from dgchat.model_backend.errors import GenerationCancelled, InvalidParameterError
 from dgchat.model_backend.events import FinalEvent, StepEvent
 from dgchat.model_backend.params import DiffusionParams
@@ -136,7 +136,7 @@ class ModelMeta:
     fingerprint: str  # "sha256:" of the file size plus its first and last MiB (a quick identity check)
 
     @classmethod
-    def from_engine(cls, engine: Engine) -> ModelMeta:
+    def from_engine(cls, engine: LocalEngine) -> ModelMeta:
         path = Path(engine.path)
         return cls(path.name, engine.info.name, engine.info.architecture, path.stat().st_size, model_fingerprint(path))
 
@@ -242,7 +242,8 @@ def settings_of(params: DiffusionParams) -> dict[str, Any]:
 
 
 class NpcGenerator:
-    def __init__(self, engine: Engine, *, max_attempts: int = 4, score_groups: int = 4, max_batch: int = MAX_BATCH) -> None:
+    def __init__(self, engine: LocalEngine, *, max_attempts: int = 4, score_groups: int = 4,
+                 max_batch: int = MAX_BATCH) -> None:
         if max_attempts < 1:
             raise InvalidParameterError("max_attempts must be >= 1")
         self.engine = engine

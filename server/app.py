@@ -24,7 +24,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from dgchat import __version__
-from dgchat.model_backend.engine_protocol import Engine
+from dgchat.model_backend.engine_protocol import LocalEngine
 from dgchat.model_backend.errors import DgchatError, EngineError, GenerationCancelled, InvalidParameterError
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.npc.cards import find_card, load_cards, parse_card
@@ -133,7 +133,7 @@ class _Uvicorn(uvicorn.Server):
 
 
 class ApiServer:
-    def __init__(self, engine: Engine, config: ServeConfig) -> None:
+    def __init__(self, engine: LocalEngine, config: ServeConfig) -> None:
         config.validate()
         self.engine = engine
         self.config = config
@@ -514,7 +514,7 @@ class ApiServer:
         spec, prompt_tokens, max_attempts = await self._off_loop(lambda: self._prepare_infill(body))
         generator = self._generator()
 
-        def work(engine: Engine, cancel: Any, emit: Any):
+        def work(engine: LocalEngine, cancel: Any, emit: Any):
             g = replace_attempts(generator, max_attempts)
             return g.generate(spec, cancel=cancel)
 
@@ -555,7 +555,7 @@ def replace_attempts(generator, max_attempts: int):
 
 # -- running ----------------------------------------------------------------------------------------
 
-async def serve(engine: Engine, config: ServeConfig, *, ready: Callable[[ApiServer], None] | None = None,
+async def serve(engine: LocalEngine, config: ServeConfig, *, ready: Callable[[ApiServer], None] | None = None,
                 install_signals: bool = True, stop: asyncio.Event | None = None) -> bool:
     """Serve until SIGINT/SIGTERM or `stop` (first signal: graceful shutdown; second: stop at once).
     Returns whether the generation worker has stopped (only then may the engine be closed)."""
@@ -611,7 +611,7 @@ async def serve(engine: Engine, config: ServeConfig, *, ready: Callable[[ApiServ
 class ServerThread:
     """A server on its own event loop in a background thread (tests, embedding in other programs)."""
 
-    def __init__(self, engine: Engine, config: ServeConfig) -> None:
+    def __init__(self, engine: LocalEngine, config: ServeConfig) -> None:
         self.engine = engine
         self.config = config
         self.server: ApiServer | None = None

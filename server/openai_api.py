@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from dgchat.model_backend.engine_protocol import Engine
+from dgchat.model_backend.engine_protocol import LocalEngine
 from dgchat.model_backend.errors import ContextOverflowError, DgchatError, GenerationCancelled
 from dgchat.model_backend.events import FinalEvent, StepEvent
 from dgchat.model_backend.params import ALGORITHMS, CACHE_MODES, MAX_BIAS, DiffusionParams
@@ -171,7 +171,7 @@ def _in_range(value: float, lo: float, hi: float, lo_open: bool, hi_open: bool) 
     return (lo < value if lo_open else lo <= value) and (value < hi if hi_open else value <= hi)
 
 
-def parse_dgchat(body: dict, engine: Engine | None = None) -> dict[str, Any]:
+def parse_dgchat(body: dict, engine: LocalEngine | None = None) -> dict[str, Any]:
     """The `dgchat` extension object, every value type- and range-checked (`engine`: the served
     model, whose context length and vocabulary bound the canvas and top_k)."""
     ext = body.get("dgchat")
@@ -218,7 +218,7 @@ def parse_seed(body: dict) -> int:
 
 # -- parameters -----------------------------------------------------------------------------------
 
-def fit_params(engine: Engine, base: DiffusionParams, max_tokens: int) -> DiffusionParams:
+def fit_params(engine: LocalEngine, base: DiffusionParams, max_tokens: int) -> DiffusionParams:
     """Resolved parameters for an answer of at most `max_tokens` tokens: a canvas no longer than
     needed (rounded up to whole blocks) with the model's steps-per-token ratio."""
     d = engine.resolve(replace(base, steps=None))  # the model's canvas and blocks (steps are checked below)
@@ -238,7 +238,7 @@ def fit_params(engine: Engine, base: DiffusionParams, max_tokens: int) -> Diffus
     return engine.resolve(replace(p, max_tokens=max_tokens))
 
 
-def infill_params(engine: Engine, base: DiffusionParams, canvas: int, to_fill: int) -> DiffusionParams:
+def infill_params(engine: LocalEngine, base: DiffusionParams, canvas: int, to_fill: int) -> DiffusionParams:
     """Resolved parameters for a template canvas (one block; by default one position per step)."""
     p = replace(base, block_length=None, eps=base.eps if base.eps is not None else 1e-3)
     if p.steps is None and not engine.info.uniform_state:
@@ -429,7 +429,7 @@ def _messages(body: dict) -> list[dict[str, str]]:
     return out
 
 
-def _common(body: dict, engine: Engine, default_max: int | None) -> tuple[DiffusionParams, dict, int, int, int]:
+def _common(body: dict, engine: LocalEngine, default_max: int | None) -> tuple[DiffusionParams, dict, int, int, int]:
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
     check_unsupported(body)
@@ -455,7 +455,7 @@ def _stream_options(body: dict) -> bool:
     return bool(opts.get("include_usage", False))
 
 
-def _finish_plan(engine: Engine, plan: GenPlan) -> GenPlan:
+def _finish_plan(engine: LocalEngine, plan: GenPlan) -> GenPlan:
     try:
         for p in plan.params:
             p.validate()
@@ -471,7 +471,7 @@ def _params_error(exc: DgchatError) -> ApiError:
     return bad(str(exc), code="invalid_parameter")
 
 
-def prepare_chat(body: dict, engine: Engine) -> GenPlan:
+def prepare_chat(body: dict, engine: LocalEngine) -> GenPlan:
     """Validate a /v1/chat/completions body and plan its generation (runs off the event loop)."""
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
@@ -493,7 +493,7 @@ def prepare_chat(body: dict, engine: Engine) -> GenPlan:
     return _finish_plan(engine, plan)
 
 
-def _prompt_tokens(body: dict, engine: Engine) -> tuple[np.ndarray, str]:
+def _prompt_tokens(body: dict, engine: LocalEngine) -> tuple[np.ndarray, str]:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
@@ -515,7 +515,7 @@ def _prompt_tokens(body: dict, engine: Engine) -> tuple[np.ndarray, str]:
     raise bad("`prompt` must be a string or a list of token ids", "prompt")
 
 
-def prepare_completion(body: dict, engine: Engine) -> GenPlan:
+def prepare_completion(body: dict, engine: LocalEngine) -> GenPlan:
     """Validate a /v1/completions body and plan its generation (runs off the event loop)."""
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
@@ -553,7 +553,7 @@ def prepare_completion(body: dict, engine: Engine) -> GenPlan:
     return _finish_plan(engine, plan)
 
 
-def run_plan(plan: GenPlan, engine: Engine, cancel: Any, emit: Callable[[Any], None] | None) -> list[ChoiceResult]:
+def run_plan(plan: GenPlan, engine: LocalEngine, cancel: Any, emit: Callable[[Any], None] | None) -> list[ChoiceResult]:
     """Generate (in the worker thread). With `emit`, sends ("delta", index, text, canvas-or-None)
     for streaming. Raises GenerationCancelled when the client went away (cancel set from outside)."""
     eog = set(int(t) for t in engine.eog_ids())
@@ -606,7 +606,7 @@ def run_plan(plan: GenPlan, engine: Engine, cancel: Any, emit: Callable[[Any], N
     return results
 
 
-def _canvas_payload(engine: Engine, event: StepEvent, index: int) -> dict[str, Any]:
+def _canvas_payload(engine: LocalEngine, event: StepEvent, index: int) -> dict[str, Any]:
     """One step of one choice, for `"dgchat": {"canvas": true}` streams: what a client needs to
     draw the canvas (model_backend.canvas_view) and to rebuild the StepEvent (dgchat.remote).
     `answer_tokens` (the answer's earlier canvases) comes with the first step of each canvas only;

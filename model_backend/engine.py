@@ -7,6 +7,7 @@ answer needs more room), renders chat templates, and dispatches to the right sam
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import replace
@@ -21,7 +22,7 @@ from dgchat.model_backend.canvas import Canvas
 from dgchat.model_backend.chat_template import CHATML, render_chat
 from dgchat.model_backend.errors import ContextOverflowError, GenerationCancelled, InvalidParameterError
 from dgchat.model_backend.events import FinalEvent, GenerationStats, StepEvent, StepTiming
-from dgchat.model_backend.gguf_file import read_gguf_header
+from dgchat.model_backend.gguf_file import GgufHeader, read_gguf_header
 from dgchat.model_backend.driver import drive, drive_one
 from dgchat.model_backend.logits_source import LlamaLogits
 from dgchat.model_backend.masked_diffusion import masked_denoiser
@@ -70,17 +71,32 @@ class DiffusionEngine:
         progress: Callable[[float], bool] | None = None,
         precise: bool = False,
         rpc_servers: str | Sequence[str] | None = None,
-        header: dict[str, Any] | None = None,
     ) -> DiffusionEngine:
         """This class on the model at `path`, which must be of its `family` (model_backend.loader's
         `load_engine` picks the class for a file: load models with that). rpc_servers:
         "HOST:PORT[,HOST:PORT]" of llama.cpp RPC servers to put layers on (registered for the whole
-        process, as `--rpc` does: model_backend/rpc.py); servers registered before are used too.
-        header: the file's GGUF header when the caller has read it already."""
+        process, as `--rpc` does: model_backend/rpc.py); servers registered before are used too."""
         check_threads(n_threads, "threads")  # before the model loads (the flags and config are checked earlier)
-        if header is None:
-            header = read_gguf_header(path)
+        header = read_gguf_header(path)
         info = inspect_header(header)  # refuse unsupported models before llama.cpp loads anything
+        return cls.open(path, header, info, n_gpu_layers=n_gpu_layers, n_threads=n_threads, progress=progress,
+                        precise=precise, rpc_servers=rpc_servers)
+
+    @classmethod
+    def open(
+        cls,
+        path: str | Path,
+        header: GgufHeader,
+        info: ModelInfo,
+        *,
+        n_gpu_layers: int | None = None,
+        n_threads: int | None = None,
+        progress: Callable[[float], bool] | None = None,
+        precise: bool = False,
+        rpc_servers: str | Sequence[str] | None = None,
+    ) -> DiffusionEngine:
+        """`load` of a file whose header the caller has read and inspected (model_info.inspect_header):
+        llama.cpp loads the model now. `n_threads` must have been checked (params.check_threads)."""
         if info.family != cls.family:
             raise InvalidParameterError(f"{Path(path).name} is a {info.family} model, not one {cls.__name__} runs: "
                                         "load it with dgchat.model_backend.loader.load_engine")
@@ -493,8 +509,6 @@ class DiffusionEngine:
         try:
             # llama.cpp's sampler chain samples the masked positions on the decode's threads (the
             # cores are idle between decodes); the draws are the same on any number of threads
-            import os  # (local: this method is reference mode's own corner of the engine)
-
             threads = self.n_threads or os.cpu_count() or 1
             for step in reference_denoise(prompt, ref, logits_fn, time.perf_counter, sampler_threads=threads):
                 canvas.commit(step.committed - prompt.size, step.tokens[step.committed], step.confidence, step.step + 1)

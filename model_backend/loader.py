@@ -40,8 +40,8 @@ def load_engine(
 ) -> DiffusionEngine:
     """Load the model at `path` with its family's engine (arguments: DiffusionEngine.load). An
     unsupported or broken file is refused from its header, before llama.cpp loads anything."""
-    check_threads(n_threads, "threads")  # before the header is read, as DiffusionEngine.load checks
+    check_threads(n_threads, "threads")  # before the model loads (the flags and config are checked earlier)
     header = read_gguf_header(path)
-    cls = engine_class(inspect_header(header))
-    return cls.load(path, n_gpu_layers=n_gpu_layers, n_threads=n_threads, progress=progress, precise=precise,
-                    rpc_servers=rpc_servers, header=header)
+    info = inspect_header(header)  # refuse unsupported models before llama.cpp loads anything
+    return engine_class(info).open(path, header, info, n_gpu_layers=n_gpu_layers, n_threads=n_threads,
+                                   progress=progress, precise=precise, rpc_servers=rpc_servers)

@@ -142,3 +142,40 @@ def test_a_remote_engine_answers_with_what_the_server_said(llada_gguf: Path) -> 
                     assert remote.token_bytes(t) == raw
             control = remote.control_tokens()
             assert all(remote.is_special(t) and not remote.is_end(t) for t in control)
+
+
+def test_a_logits_source_keeps_each_sequence_under_the_driver_s_index() -> None:
+    """driver.drive hands a source (index, request) pairs; the index is the sequence's cache: a
+    sequence whose batch-mate finished keeps its own cached prefix."""
+    from types import SimpleNamespace
+
+    from dgchat.model_backend.logits_source import LlamaLogits
+    from dgchat.model_backend.requests import LogitsRequest
+
+    class Ctx:
+        has_memory = True
+
+        def __init__(self) -> None:
+            self.decodes: list[np.ndarray] = []
+            self.removed: list[tuple] = []
+
+        def clear(self) -> None:
+            pass
+
+        def seq_rm(self, *args) -> None:
+            self.removed.append(args)
+
+        def decode_tokens(self, tokens, positions, *, seq_ids, outputs):
+            self.decodes.append(np.asarray(seq_ids).copy())
+            return np.zeros((len(outputs), 8), np.float32)
+
+    ctx = Ctx()
+    engine = SimpleNamespace(info=SimpleNamespace(has_kv_memory=True), step_check=None,
+                             context_for=lambda *a, **k: ctx)
+    source = LlamaLogits(engine, cache="prefix", n_seq=2)  # type: ignore[arg-type]
+    sequence = np.arange(12, dtype=np.int32)
+    later = LogitsRequest(sequence, np.array([9, 10]), (8, 12), False)  # a block's later step: block only
+    (logits,) = source.answer([(1, later)])
+    assert logits.shape == (2, 8)
+    assert set(ctx.decodes[-1].tolist()) == {1} and ctx.decodes[-1].size == 4
+    assert ctx.removed == [(1, 8)]  # after the step: the block's cells of sequence 1 only

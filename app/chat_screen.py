@@ -31,7 +31,7 @@ from dgchat.app.breakpoints import NARROW_BELOW, WIDTH_BREAKPOINTS
 from dgchat.app.clipboard import copy_text
 from dgchat.app.confirm_modal import ConfirmModal
 from dgchat.app.edit_modal import EditModal
-from dgchat.app.engine_protocol import served
+from dgchat.model_backend.engine_protocol import served
 from dgchat.app.error_modal import ErrorModal
 from dgchat.app.export import default_export_path, export_chat
 from dgchat.app.generation import ChatAnswer, ContextCount, ContextCountJob

@@ -27,11 +27,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from dgchat.app.engine_protocol import Engine, served
+from dgchat.model_backend.engine_protocol import Engine, served
 from dgchat.model_backend.errors import DgchatError
 from dgchat.model_backend.events import FinalEvent
-from dgchat.model_backend.masked_diffusion import CanvasTemplate
 from dgchat.model_backend.params import DiffusionParams
+from dgchat.model_backend.requests import CanvasTemplate
 from dgchat.npc.errors import TemplateError
 from dgchat.npc.templates import Tokenizer
 
@@ -72,13 +72,11 @@ class _Vocab:
     """Per engine: the tokenizer, end tokens and control tokens (computed once)."""
 
     def __init__(self, engine: Engine) -> None:
-        model = engine.model
         self.tokenizer = Tokenizer.for_engine(engine)
-        self.eog = tuple(int(t) for t in model.eog_ids())
-        eog = set(self.eog)
-        self.control = tuple(t for t in range(model.n_vocab) if t not in eog and model.is_control(t))
-        self.end = model.eot if model.eot is not None else model.eos
-        self.bos = model.bos if model.add_bos else None
+        self.eog = tuple(int(t) for t in engine.eog_ids())
+        self.control = engine.control_tokens()
+        self.end = engine.end_token
+        self.bos = engine.added_bos
 
 
 _vocabs: weakref.WeakKeyDictionary[Any, _Vocab] = weakref.WeakKeyDictionary()
@@ -131,7 +129,7 @@ def plan_rewrite(engine: Engine, request: DraftRequest, base: DiffusionParams) -
     after = after[: max(0, min(after.size, room // 2 if request.before else room))]
     prompt = _prompt(vocab, request.before, min(MAX_BEFORE_TOKENS, room - int(after.size)))
     end = [] if truncated or vocab.end is None else [int(vocab.end)]
-    fill = engine.info.mask_token if engine.info.mask_token is not None else (engine.model.eos or 0)
+    fill = engine.info.mask_token if engine.info.mask_token is not None else (engine.eos or 0)
     tokens = np.concatenate([np.full(span, fill, dtype=np.int32), after.astype(np.int32),
                              np.array(end, dtype=np.int32)])
     fixed = np.zeros(tokens.size, dtype=bool)

@@ -30,7 +30,7 @@ from dgchat.app.drafting_plan import (
     plan,
     proposal_text,
 )
-from dgchat.app.engine_protocol import Engine, served
+from dgchat.model_backend.engine_protocol import Engine, served
 from dgchat.app.error_modal import ErrorModal
 from dgchat.app.paths import short_path
 from dgchat.app.session import EngineJob

@@ -34,7 +34,7 @@ from typing import Any
 
 from dgchat.app import model_ops
 from dgchat.app.confirm_modal import ConfirmModal
-from dgchat.app.engine_protocol import served
+from dgchat.model_backend.engine_protocol import served
 from dgchat.app.model_ops import (
     HubTask,
     TransferPanel,

@@ -14,7 +14,7 @@ from typing import Any
 
 from dgchat.app.breakpoints import WIDTH_BREAKPOINTS
 from dgchat.app.confirm_modal import ConfirmModal
-from dgchat.app.engine_protocol import served
+from dgchat.model_backend.engine_protocol import served
 from dgchat.app.error_modal import ErrorModal
 from dgchat.app.npc_card_modal import CardModal
 from dgchat.app.npc_cards import CardShelf, load_shelf, remove_card

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dgchat.app import model_source
-from dgchat.app.engine_protocol import Engine, served
+from dgchat.model_backend.engine_protocol import Engine, served
 from dgchat.app.model_source import ModelSource, ServerSource, as_source
 from dgchat.app.paths import display_name
 from dgchat.model_backend.errors import GenerationCancelled, error_text
@@ -54,9 +54,9 @@ def load_engine(path: ModelSource, *, n_gpu_layers: int | None, n_threads: int |
         engine = RemoteEngine.connect(path.url, api_key=path.api_key, retries=model_source.SERVER_RETRIES)
         progress(1.0)
         return engine
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend import loader
 
-    return DiffusionEngine.load(path, n_gpu_layers=n_gpu_layers, n_threads=n_threads, progress=progress)
+    return loader.load_engine(path, n_gpu_layers=n_gpu_layers, n_threads=n_threads, progress=progress)
 
 
 # -- jobs ----------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from dataclasses import replace
 from typing import Any
 
 from dgchat.app import model_ops
-from dgchat.app.engine_protocol import served
+from dgchat.model_backend.engine_protocol import served
 from dgchat.app.generation import ChatAnswer
 from dgchat.app.live_view import LiveView
 from dgchat.app.model_ops import (

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from dgchat.commands.common import add_common, add_model_args, resolve_model_path
+from dgchat.model_backend.engine_protocol import Engine
 from dgchat.model_backend.errors import InvalidParameterError
 
 PROMPTS = [
@@ -139,13 +140,13 @@ def run(args: argparse.Namespace) -> int:
     if args.worker:
         print(json.dumps(_worker(json.loads(args.worker))))
         return 0
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
     from dgchat.model_backend.llamacpp import engine_info
 
     model = resolve_model_path(args.model)
     lengths = _ints(args.lengths)
     concurrency = _ints(args.concurrency)
-    with DiffusionEngine.load(model, n_gpu_layers=args.n_gpu_layers) as engine:
+    with load_engine(model, n_gpu_layers=args.n_gpu_layers) as engine:
         info = engine.info
         canvas = args.canvas or int(engine.resolve().gen_length or 256)
         prompt_sets = _prompt_set(engine, args)
@@ -255,7 +256,7 @@ def _agreement(answer: list[int], reference: list[int]) -> float:
     return sum(1 for x, y in zip(answer, reference) if x == y) / len(reference)
 
 
-def _prompt_set(engine, args: argparse.Namespace) -> list[list[int]]:
+def _prompt_set(engine: Engine, args: argparse.Namespace) -> list[list[int]]:
     if args.prompt_set == "plays":
         from dgchat.convert.default_model import word_validity as wv
 
@@ -286,7 +287,7 @@ def _word_validity(texts: list[str], vocabulary: frozenset[str]) -> float | None
     return round(score.validity, 4) if score.words else None
 
 
-def _fit_prompt(engine, text: str, n_tokens: int) -> list[int]:
+def _fit_prompt(engine: Engine, text: str, n_tokens: int) -> list[int]:
     """A chat prompt of about n_tokens (at most): the user text repeated as often as fits."""
     best = engine.chat_prompt([{"role": "user", "content": text}])
     k = 2
@@ -310,11 +311,11 @@ def _worker(job: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
 
     from dgchat.convert.default_model.word_validity import answer_text
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
     from dgchat.model_backend.events import FinalEvent
     from dgchat.model_backend.params import DiffusionParams
 
-    engine = DiffusionEngine.load(job["model"], n_gpu_layers=job["n_gpu_layers"], n_threads=job["threads"])
+    engine = load_engine(job["model"], n_gpu_layers=job["n_gpu_layers"], n_threads=job["threads"])
     length, canvas, conc = job["length"], job["canvas"], job["concurrency"]
     p = dict(job["params"])
     reference = p.get("mode") == "reference"
@@ -391,7 +392,7 @@ def _worker(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _answer_end(engine, tokens) -> int:
+def _answer_end(engine: Engine, tokens) -> int:
     """Length of the answer up to and including its first end-of-generation token."""
     for k, t in enumerate(tokens):
         if engine.is_end(int(t)):

@@ -9,7 +9,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dgchat.commands.common import (
     add_common,
@@ -19,8 +19,12 @@ from dgchat.commands.common import (
     params_from_args,
     resolve_model_path,
 )
+from dgchat.model_backend.engine_protocol import Engine
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.model_backend.events import FinalEvent, StepEvent
+
+if TYPE_CHECKING:  # a type only: the remote engine is imported when --server is used
+    from dgchat.remote.engine import RemoteEngine
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -61,14 +65,14 @@ def run(args: argparse.Namespace) -> int:
     if urls:
         return _run_remote(args, urls[0], api_key)
     from dgchat.model_backend import llamacpp
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
 
     llamacpp.set_verbose(getattr(args, "verbose", False))
     params = params_from_args(args)
     recording = Recording.from_args(args)
     prompt_text = _read_prompt(args)
     model_path = resolve_model_path(args.model)
-    engine = DiffusionEngine.load(model_path, n_gpu_layers=args.n_gpu_layers, n_threads=args.threads)
+    engine = load_engine(model_path, n_gpu_layers=args.n_gpu_layers, n_threads=args.threads)
     try:
         prompt = _prompt(engine, args, prompt_text)
         resolved = engine.resolve(params)
@@ -102,7 +106,7 @@ class Recording:
         check_target(path)
         return cls(path, Pace.parse(args.record_pace), check_width(args.record_width))
 
-    def recorder(self, engine) -> Any:
+    def recorder(self, engine: Engine) -> Any:
         from dgchat.recording.history import HistoryRecorder
 
         return HistoryRecorder(engine)
@@ -121,7 +125,7 @@ class Recording:
         sys.stderr.write(f"dgchat: recording written to {self.path} ({recorder.steps} steps, {self.pace.label()})\n")
 
 
-def _prompt(engine, args: argparse.Namespace, prompt_text: str):
+def _prompt(engine: Engine, args: argparse.Namespace, prompt_text: str):
     """The prompt's tokens: the chat template around a user turn (and --system), or with --raw the
     text as written, its author writing the markers."""
     if args.raw:
@@ -148,7 +152,7 @@ def _report(final: FinalEvent, args: argparse.Namespace, as_json: Callable[[], d
     return 130 if final.stop_reason == "cancelled" else 0
 
 
-def _drive(engine, prompt, params, cancel: threading.Event, *, visual: bool, recorder: Any = None) -> FinalEvent:
+def _drive(engine: Engine, prompt, params, cancel: threading.Event, *, visual: bool, recorder: Any = None) -> FinalEvent:
     """Run the generation; `visual` draws each step, `recorder` (a HistoryRecorder) keeps it."""
     final: FinalEvent | None = None
     show: Callable[[StepEvent], None] = lambda event: None  # noqa: E731
@@ -176,7 +180,7 @@ def _drive(engine, prompt, params, cancel: threading.Event, *, visual: bool, rec
     return final
 
 
-def _as_json(final: FinalEvent, engine, model_path, params) -> dict[str, Any]:
+def _as_json(final: FinalEvent, engine: Engine, model_path, params) -> dict[str, Any]:
     return {
         "text": final.text,
         "tokens": [int(t) for t in final.tokens],
@@ -225,7 +229,7 @@ def _run_remote(args: argparse.Namespace, url: str, api_key: str | None) -> int:
         engine.close()
 
 
-def _remote_json(final: FinalEvent, engine, params) -> dict[str, Any]:
+def _remote_json(final: FinalEvent, engine: RemoteEngine, params) -> dict[str, Any]:
     settings = final.extra.get("settings") or {}
     return {
         "text": final.text,

@@ -101,12 +101,12 @@ def run(args: argparse.Namespace) -> int:
         return _write(batches, args, fmt)
 
     from dgchat.model_backend import llamacpp
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
     from dgchat.npc.generator import NpcGenerator
 
     llamacpp.set_verbose(getattr(args, "verbose", False))
-    engine = DiffusionEngine.load(resolve_model_path(args.model), n_gpu_layers=args.n_gpu_layers,
-                                  n_threads=args.threads, precise=args.precise)
+    engine = load_engine(resolve_model_path(args.model), n_gpu_layers=args.n_gpu_layers,
+                         n_threads=args.threads, precise=args.precise)
     try:
         with ctrl_c_cancels() as cancel:
             generator = NpcGenerator(engine, max_attempts=args.max_attempts)

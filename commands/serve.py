@@ -80,12 +80,12 @@ def run(args: argparse.Namespace) -> int:
     config.validate()  # before loading the model: a refused --host costs nothing
 
     from dgchat.model_backend import llamacpp
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
     from dgchat.server.app import serve
 
     llamacpp.set_verbose(getattr(args, "verbose", False))
-    engine = DiffusionEngine.load(resolve_model_path(args.model), n_gpu_layers=args.n_gpu_layers,
-                                  n_threads=args.threads, precise=args.precise)
+    engine = load_engine(resolve_model_path(args.model), n_gpu_layers=args.n_gpu_layers,
+                         n_threads=args.threads, precise=args.precise)
     stopped_cleanly = False
 
     def ready(server) -> None:

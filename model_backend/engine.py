@@ -7,6 +7,7 @@ answer needs more room), renders chat templates, and dispatches to the right sam
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import replace
@@ -16,29 +17,29 @@ from typing import Any
 
 import numpy as np
 
-from dgchat.model_backend import llamacpp, prompt_tokens
+from dgchat.model_backend import llamacpp, prompt_tokens, rpc
 from dgchat.model_backend.canvas import Canvas
 from dgchat.model_backend.chat_template import CHATML, render_chat
 from dgchat.model_backend.errors import ContextOverflowError, GenerationCancelled, InvalidParameterError
 from dgchat.model_backend.events import FinalEvent, GenerationStats, StepEvent, StepTiming
-from dgchat.model_backend.gguf_file import read_gguf_header
+from dgchat.model_backend.gguf_file import GgufHeader, read_gguf_header
+from dgchat.model_backend.driver import drive, drive_one
 from dgchat.model_backend.logits_source import LlamaLogits
-from dgchat.model_backend.masked_diffusion import (
-    CanvasTemplate,
-    LogitsRequest,
-    MaskedSetup,
-    drive,
-    drive_batch,
-    masked_denoiser,
-)
+from dgchat.model_backend.masked_diffusion import masked_denoiser
 from dgchat.model_backend.model_info import ModelInfo, inspect_header
 from dgchat.model_backend.params import DiffusionParams, check_threads
 from dgchat.model_backend.reference_sampler import ReferenceParams, reference_denoise
+from dgchat.model_backend.requests import CanvasTemplate, LogitsRequest, MaskedSetup
 
 Message = dict[str, Any]
 
 
 class DiffusionEngine:
+    """The masked-diffusion engine (LLaDA, Dream, RND1, non-causal llama GGUFs); the base of the
+    engines of other families (model_backend.loader picks one per file)."""
+
+    family = "masked"  # the ModelInfo.family this class runs (`load` refuses other families)
+
     def __init__(self, model: llamacpp.LlamaModel, info: ModelInfo, *, n_threads: int | None = None,
                  precise: bool = False) -> None:
         self.model = model
@@ -51,6 +52,7 @@ class DiffusionEngine:
         self._special_attr: dict[int, bool] = {}
         self._special: dict[int, bool] = {}  # is_special, per token as asked (no vocabulary scan)
         self._ends: frozenset[int] | None = None  # is_end (built on first use: subclasses add end ids)
+        self._control: tuple[int, ...] | None = None  # control_tokens (a vocabulary scan, once)
         self._lock = threading.Lock()  # one generation at a time per engine
         self._eog = model.eog_ids()
         # the engine's diffusion head: the samplers' vocabulary-wide work in llama.cpp's graph
@@ -70,20 +72,37 @@ class DiffusionEngine:
         precise: bool = False,
         rpc_servers: str | Sequence[str] | None = None,
     ) -> DiffusionEngine:
-        """rpc_servers: "HOST:PORT[,HOST:PORT]" of llama.cpp RPC servers to put layers on (registered for
-        the whole process, as `--rpc` does: model_backend/rpc.py); servers registered before are used too."""
+        """This class on the model at `path`, which must be of its `family` (model_backend.loader's
+        `load_engine` picks the class for a file: load models with that). rpc_servers:
+        "HOST:PORT[,HOST:PORT]" of llama.cpp RPC servers to put layers on (registered for the whole
+        process, as `--rpc` does: model_backend/rpc.py); servers registered before are used too."""
         check_threads(n_threads, "threads")  # before the model loads (the flags and config are checked earlier)
         header = read_gguf_header(path)
         info = inspect_header(header)  # refuse unsupported models before llama.cpp loads anything
-        if rpc_servers:
-            from dgchat.model_backend import rpc
+        return cls.open(path, header, info, n_gpu_layers=n_gpu_layers, n_threads=n_threads, progress=progress,
+                        precise=precise, rpc_servers=rpc_servers)
 
+    @classmethod
+    def open(
+        cls,
+        path: str | Path,
+        header: GgufHeader,
+        info: ModelInfo,
+        *,
+        n_gpu_layers: int | None = None,
+        n_threads: int | None = None,
+        progress: Callable[[float], bool] | None = None,
+        precise: bool = False,
+        rpc_servers: str | Sequence[str] | None = None,
+    ) -> DiffusionEngine:
+        """`load` of a file whose header the caller has read and inspected (model_info.inspect_header):
+        llama.cpp loads the model now. `n_threads` must have been checked (params.check_threads)."""
+        if info.family != cls.family:
+            raise InvalidParameterError(f"{Path(path).name} is a {info.family} model, not one {cls.__name__} runs: "
+                                        "load it with dgchat.model_backend.loader.load_engine")
+        if rpc_servers:
             rpc.connect(rpc_servers)
         model = llamacpp.LlamaModel(path, n_gpu_layers=n_gpu_layers, progress=progress, header=header)
-        if info.family == "diffusion_gemma":
-            from dgchat.model_backend.diffusion_gemma import DiffusionGemmaEngine
-
-            return DiffusionGemmaEngine(model, info, n_threads=n_threads, precise=precise)
         return cls(model, info, n_threads=n_threads, precise=precise)
 
     def close(self) -> None:
@@ -137,6 +156,10 @@ class DiffusionEngine:
         (`dgchat generate --raw`)."""
         return self._with_bos(self._tokenize(text, special))
 
+    def tokenize(self, text: str, *, special: bool = False) -> np.ndarray:
+        """Tokenize `text` as it stands: no BOS added (`encode` adds one). special: as for `encode`."""
+        return self._tokenize(text, special)
+
     def _tokenize(self, text: str, special: bool) -> np.ndarray:
         return self.model.tokenize(text, add_special=False, parse_special=special)
 
@@ -179,6 +202,45 @@ class DiffusionEngine:
             cached = self._special[int(token)] = (
                 self.is_end(token) or int(token) == self.info.mask_token or self.model.is_special(token))
         return cached
+
+    # -- the vocabulary (engine_protocol.Engine: what callers need instead of `engine.model`) ---
+    @property
+    def n_vocab(self) -> int:
+        return self.model.n_vocab
+
+    def eog_ids(self) -> np.ndarray:
+        """The vocabulary's end-of-generation ids (eos, eot, and the ones llama.cpp derives). `is_end`
+        also counts the end ids an engine subclass reads from the model's own metadata."""
+        return self.model.eog_ids()
+
+    @property
+    def eos(self) -> int | None:
+        return self.model.eos
+
+    @property
+    def end_token(self) -> int | None:
+        """The token that closes a turn: the vocabulary's end of turn, else its eos."""
+        eot = self.model.eot
+        return eot if eot is not None else self.model.eos
+
+    @property
+    def added_bos(self) -> int | None:
+        """The BOS that `encode` and `chat_prompt` put first; None for a model that adds none."""
+        return self.model.bos if self.model.add_bos else None
+
+    def token_bytes(self, token: int) -> bytes:
+        """A token's text as it appears in an answer: UTF-8 bytes (maybe part of a character), b""
+        for control tokens."""
+        return self.model.token_piece(int(token), special=False)
+
+    def control_tokens(self) -> tuple[int, ...]:
+        """The vocabulary's control tokens (turn markers, BOS, ...) other than its end tokens: what a
+        canvas that continues into given text must never draw. Scans the vocabulary once."""
+        if self._control is None:
+            model = self.model
+            eog = set(int(t) for t in model.eog_ids())
+            self._control = tuple(t for t in range(model.n_vocab) if t not in eog and model.is_control(t))
+        return self._control
 
     # -- parameters ---------------------------------------------------------------------------
     def resolve(self, params: DiffusionParams | None = None) -> DiffusionParams:
@@ -223,9 +285,12 @@ class DiffusionEngine:
         return self.backend_sampler and params.sampler_on != "host" and params.mode != "reference"
 
     # -- contexts -----------------------------------------------------------------------------
-    def _context_for(self, n_tokens: int, *, n_seq: int = 1, batch_tokens: int | None = None) -> llamacpp.LlamaContext:
-        """A context for sequences of up to `n_tokens` tokens, `n_seq` of them at once, and decode
-        calls of up to `batch_tokens` tokens (non-causal attention needs a batch in one ubatch)."""
+    def context_for(self, n_tokens: int, *, n_seq: int = 1, batch_tokens: int | None = None) -> llamacpp.LlamaContext:
+        """The engine's llama.cpp context, sized for sequences of up to `n_tokens` tokens, `n_seq` of
+        them at once, and decode calls of up to `batch_tokens` tokens (non-causal attention needs a
+        batch in one ubatch): recreated (larger) when the current one is too small, else reused as
+        it is, cells included. For the logits sources, which run the decodes of a generation; call
+        it with the engine's generation lock held (a new context closes the old one)."""
         if n_tokens > self.n_ctx_max:
             raise ContextOverflowError(
                 f"the prompt and answer need {n_tokens} tokens but the model's context is {self.n_ctx_max}"
@@ -319,7 +384,7 @@ class DiffusionEngine:
             ]
 
             def events():
-                for i, event in drive_batch(denoisers, source):
+                for i, event in drive(denoisers, source):
                     yield i, (self._finish(event, source.on_backend) if isinstance(event, FinalEvent) else event)
 
             yield from self._with_cancel(events(), cancel)
@@ -398,7 +463,7 @@ class DiffusionEngine:
         setup = MaskedSetup(self.info.mask_token, self._eog, self.info.shift_logits)
         source = LlamaLogits(self, cache=params.cache, on_backend=self.on_backend(params))
         denoiser = masked_denoiser(prompt, params, setup, n_vocab=self.model.n_vocab, cancel=cancel, template=template)
-        for event in drive(denoiser, source):
+        for event in drive_one(denoiser, source):
             yield self._finish(event, source.on_backend) if isinstance(event, FinalEvent) else event
 
     def _generate_reference(self, prompt: np.ndarray, params: DiffusionParams, cancel) -> Iterator:
@@ -424,7 +489,7 @@ class DiffusionEngine:
         stats = GenerationStats(prompt_tokens=int(prompt.size))
         # the context is made before the clock starts, as llama-diffusion-cli makes its own before
         # diffusion_generate: creating one (buffers, graph reservation) is not a denoising step
-        ctx = self._context_for(max_length)
+        ctx = self.context_for(max_length)
         t_start = time.perf_counter()
         model_s = [0.0]
         positions = np.arange(max_length, dtype=np.int32)
@@ -444,8 +509,6 @@ class DiffusionEngine:
         try:
             # llama.cpp's sampler chain samples the masked positions on the decode's threads (the
             # cores are idle between decodes); the draws are the same on any number of threads
-            import os  # (local: this method is reference mode's own corner of the engine)
-
             threads = self.n_threads or os.cpu_count() or 1
             for step in reference_denoise(prompt, ref, logits_fn, time.perf_counter, sampler_threads=threads):
                 canvas.commit(step.committed - prompt.size, step.tokens[step.committed], step.confidence, step.step + 1)

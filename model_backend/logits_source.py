@@ -26,9 +26,9 @@ import numpy as np
 from dgchat.model_backend import sampling
 from dgchat.model_backend.errors import InvalidParameterError
 from dgchat.model_backend.llamacpp import HeadRequest, HeadSetup, LlamaContext, engine_info
-from dgchat.model_backend.masked_diffusion import LogitsRequest
+from dgchat.model_backend.requests import LogitsRequest
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the engine holds its sources: a type only, not an import cycle
     from dgchat.model_backend.engine import DiffusionEngine
 
 
@@ -60,6 +60,9 @@ def head_request(ctx: LlamaContext, specs: Sequence[sampling.SampleSpec], spec_o
 
 
 class LlamaLogits:
+    """The masked denoisers' logits source (driver.LogitsSource): each request's sequence under its
+    own sequence id, all of a round in one decode."""
+
     def __init__(self, engine: DiffusionEngine, cache: str = "none", n_seq: int = 1, *,
                  on_backend: bool = False) -> None:
         self.engine = engine
@@ -78,13 +81,16 @@ class LlamaLogits:
         self._fresh = True
 
     def _ctx(self, total_tokens: int, longest: int):
-        return self.engine._context_for(longest, n_seq=self.n_seq, batch_tokens=total_tokens)
+        return self.engine.context_for(longest, n_seq=self.n_seq, batch_tokens=total_tokens)
 
     def logits(self, request: LogitsRequest) -> np.ndarray | sampling.RowStats:
-        return self.batch_logits([request])[0]
+        """One request of sequence 0."""
+        return self.answer([(0, request)])[0]
 
-    def batch_logits(self, requests: Sequence[LogitsRequest]) -> list[np.ndarray | sampling.RowStats]:
-        plans = [self._plan(i, r) for i, r in enumerate(requests)]
+    def answer(self, items: Sequence[tuple[int, LogitsRequest]]) -> list[np.ndarray | sampling.RowStats]:
+        seqs = [int(s) for s, _ in items]
+        requests = [r for _, r in items]
+        plans = [self._plan(r) for r in requests]
         total = sum(p[1].size for p in plans)
         longest = max(r.sequence.size for r in requests)
         ctx = self._ctx(total, longest)
@@ -93,12 +99,12 @@ class LlamaLogits:
             self._fresh = False
         tokens = np.concatenate([p[1] for p in plans])
         positions = np.concatenate([p[2] for p in plans])
-        seq_ids = np.concatenate([np.full(p[1].size, i, np.int32) for i, p in enumerate(plans)])
+        seq_ids = np.concatenate([np.full(p[1].size, s, np.int32) for s, p in zip(seqs, plans)])
         offsets = np.cumsum([0] + [p[1].size for p in plans])
         outputs = np.concatenate([offsets[i] + p[3] for i, p in enumerate(plans)])
-        for i, (drop_before, *_rest) in enumerate(plans):
+        for s, (drop_before, *_rest) in zip(seqs, plans):
             if drop_before is not None:
-                ctx.seq_rm(i, drop_before)
+                ctx.seq_rm(s, drop_before)
         sizes = [p[3].size for p in plans]
         if self.on_backend and all(r.sample is not None for r in requests):
             ctx.configure_head(PLAIN_HEAD)
@@ -114,11 +120,11 @@ class LlamaLogits:
             # rows come back in batch order for the requested outputs: split them per request
             starts = np.cumsum([0] + sizes)
             results = [rows[starts[i]:starts[i + 1]] for i in range(len(requests))]
-        for i, (req, plan) in enumerate(zip(requests, plans)):
-            self._after(ctx, i, req, plan)
+        for s, req in zip(seqs, requests):
+            self._after(ctx, s, req)
         return results
 
-    def _plan(self, seq: int, req: LogitsRequest):
+    def _plan(self, req: LogitsRequest):
         """(remove cells from this position first, tokens to decode, their positions, output indices)."""
         b_start, b_end = req.block
         lo = int(min(b_start, req.rows.min())) if req.rows.size else b_start
@@ -129,7 +135,7 @@ class LlamaLogits:
         positions = np.arange(lo, b_end, dtype=np.int32)
         return None, req.sequence[lo:b_end], positions, (req.rows - lo).astype(np.int64)
 
-    def _after(self, ctx, seq: int, req: LogitsRequest, plan) -> None:
+    def _after(self, ctx, seq: int, req: LogitsRequest) -> None:
         if self.cache == "none":
             if ctx.has_memory:
                 ctx.seq_rm(seq, 0)

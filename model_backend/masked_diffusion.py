@@ -8,68 +8,25 @@ undecided before it. A canvas that fills up without an end token is appended to 
 new canvas starts, up to max_tokens.
 
 The loop is a coroutine: it *yields* a `LogitsRequest` and is *sent* the logits back. It never
-touches the model, so it runs in tests on synthetic logits, and a driver can batch the requests of
-several sequences into one llama.cpp call (`drive_batch`).
+touches the model, so it runs in tests on synthetic logits, and the driver (driver.drive) can batch
+the requests of several sequences into one llama.cpp call.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Generator, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from dgchat.model_backend import sampling, schedules
 from dgchat.model_backend.canvas import Canvas, Cell
+from dgchat.model_backend.driver import Denoiser, LogitsSource, drive_one
 from dgchat.model_backend.errors import GenerationCancelled
 from dgchat.model_backend.events import FinalEvent, GenerationStats, StepEvent, StepTiming
 from dgchat.model_backend.params import DiffusionParams
-
-
-@dataclass(frozen=True)
-class LogitsRequest:
-    """Logits of `sequence` (one full non-causal view of it) at sequence positions `rows`, or with
-    `sample` the RowStats of those rows (computed where the source computes them: in llama.cpp's
-    graph with dgchat's engine, else from the logits on the host).
-
-    `block` is the [start, end) range of sequence positions the sampler is working on and
-    `block_start` says whether this is the block's first step: cache-reusing sources refresh their
-    cache then, and may recompute only the block on later steps."""
-
-    sequence: np.ndarray
-    rows: np.ndarray
-    block: tuple[int, int]
-    block_start: bool
-    sample: sampling.SampleSpec | None = None
-
-
-class LogitsSource(Protocol):
-    def logits(self, request: LogitsRequest) -> np.ndarray | sampling.RowStats: ...
-
-    def batch_logits(self, requests: Sequence[LogitsRequest]) -> list[np.ndarray | sampling.RowStats]: ...
-
-
-@dataclass(frozen=True)
-class MaskedSetup:
-    mask_token: int
-    eog_tokens: np.ndarray  # ids that end an answer
-    shift_logits: bool  # Dream: position i is predicted from row i - 1
-
-
-@dataclass(frozen=True)
-class CanvasTemplate:
-    """A canvas with given text (infill): `tokens[i]` is kept where `fixed[i]`, masked elsewhere.
-    The answer is exactly this canvas: no early stop, no continuation canvases.
-
-    `initial` (uniform-state models only): the starting draft of the free positions instead of
-    uniformly random tokens (tests use it to start two implementations from the same canvas)."""
-
-    tokens: np.ndarray
-    fixed: np.ndarray
-    initial: np.ndarray | None = None
+from dgchat.model_backend.requests import CanvasTemplate, LogitsRequest, MaskedSetup
 
 
 def first_end(canvas: Canvas, is_eog: np.ndarray) -> int | None:
@@ -80,9 +37,6 @@ def first_end(canvas: Canvas, is_eog: np.ndarray) -> int | None:
         return None
     k = int(ends[0])
     return k if bool(decided[:k].all()) else None
-
-
-Denoiser = Generator["LogitsRequest | StepEvent | FinalEvent", "np.ndarray | None", None]
 
 
 def masked_denoiser(
@@ -245,53 +199,6 @@ def logit_bias_arrays(logit_bias: Sequence[tuple[int, float]]) -> tuple[np.ndarr
     return ids, values
 
 
-def drive(denoiser: Denoiser, source: LogitsSource) -> Iterator[StepEvent | FinalEvent]:
-    """Run one denoiser, answering its logits requests from `source`."""
-    message = next(denoiser)
-    while True:
-        if isinstance(message, LogitsRequest):
-            try:
-                logits = source.logits(message)
-            except GenerationCancelled as exc:
-                message = denoiser.throw(exc)
-            else:
-                message = denoiser.send(logits)
-            continue
-        yield message
-        if isinstance(message, FinalEvent):
-            return
-        message = next(denoiser)
-
-
-def drive_batch(denoisers: list[Denoiser], source: LogitsSource) -> Iterator[tuple[int, StepEvent | FinalEvent]]:
-    """Run several denoisers in lock-step: each round, every unfinished one gets its logits from
-    one batched call. Yields (index, event)."""
-    pending: dict[int, object] = {i: next(d) for i, d in enumerate(denoisers)}
-    while pending:
-        # let every denoiser run until it asks for logits or finishes
-        for i in list(pending):
-            message = pending[i]
-            while not isinstance(message, LogitsRequest):
-                yield i, message
-                if isinstance(message, FinalEvent):
-                    del pending[i]
-                    break
-                message = next(denoisers[i])
-            else:
-                pending[i] = message
-        if not pending:
-            return
-        order = list(pending)
-        try:
-            results = source.batch_logits([pending[i] for i in order])
-        except GenerationCancelled as exc:
-            for i in order:
-                pending[i] = denoisers[i].throw(exc)
-            continue
-        for i, logits in zip(order, results):
-            pending[i] = denoisers[i].send(logits)
-
-
 def run_masked(
     source: LogitsSource,
     prompt: np.ndarray,
@@ -302,7 +209,7 @@ def run_masked(
     n_vocab: int,
     template: CanvasTemplate | None = None,
 ) -> Iterator[StepEvent | FinalEvent]:
-    return drive(masked_denoiser(prompt, params, setup, n_vocab=n_vocab, cancel=cancel, template=template), source)
+    return drive_one(masked_denoiser(prompt, params, setup, n_vocab=n_vocab, cancel=cancel, template=template), source)
 
 
 def _joined(parts: list[np.ndarray]) -> np.ndarray:

@@ -32,10 +32,11 @@ from typing import Any
 import numpy as np
 
 from dgchat.model_backend.chat_template import TemplateRenderError
+from dgchat.model_backend.engine_protocol import LocalEngine
 from dgchat.model_backend.errors import GenerationCancelled, InvalidParameterError
 from dgchat.model_backend.events import FinalEvent, StepEvent
-from dgchat.model_backend.masked_diffusion import CanvasTemplate
 from dgchat.model_backend.params import DiffusionParams
+from dgchat.model_backend.requests import CanvasTemplate
 from dgchat.npc.banned import BannedWords
 from dgchat.npc.cards import CharacterCard
 from dgchat.npc.errors import NpcError, TemplateError
@@ -135,7 +136,7 @@ class ModelMeta:
     fingerprint: str  # "sha256:" of the file size plus its first and last MiB (a quick identity check)
 
     @classmethod
-    def from_engine(cls, engine) -> ModelMeta:
+    def from_engine(cls, engine: LocalEngine) -> ModelMeta:
         path = Path(engine.path)
         return cls(path.name, engine.info.name, engine.info.architecture, path.stat().st_size, model_fingerprint(path))
 
@@ -241,7 +242,8 @@ def settings_of(params: DiffusionParams) -> dict[str, Any]:
 
 
 class NpcGenerator:
-    def __init__(self, engine, *, max_attempts: int = 4, score_groups: int = 4, max_batch: int = MAX_BATCH) -> None:
+    def __init__(self, engine: LocalEngine, *, max_attempts: int = 4, score_groups: int = 4,
+                 max_batch: int = MAX_BATCH) -> None:
         if max_attempts < 1:
             raise InvalidParameterError("max_attempts must be >= 1")
         self.engine = engine
@@ -250,10 +252,9 @@ class NpcGenerator:
         self.max_batch = max(1, max_batch)
         self.tokenizer = Tokenizer.for_engine(engine)
         self.model = ModelMeta.from_engine(engine)
-        model = engine.model
-        self.end_token = model.eot if model.eot is not None else model.eos
+        self.end_token = engine.end_token
         self._control: tuple[int, ...] | None = None
-        self._eog = tuple(int(t) for t in model.eog_ids())
+        self._eog = tuple(int(t) for t in engine.eog_ids())
 
     # -- prompts and parameters -------------------------------------------------------------
     def messages(self, spec: LineSpec, filled: FilledTemplate | None = None) -> list[dict[str, str]]:
@@ -281,9 +282,7 @@ class NpcGenerator:
 
     def _control_tokens(self) -> tuple[int, ...]:
         if self._control is None:
-            model = self.engine.model
-            eog = set(self._eog)
-            self._control = tuple(t for t in range(model.n_vocab) if t not in eog and model.is_control(t))
+            self._control = self.engine.control_tokens()
         return self._control
 
     def bias_for(self, spec: LineSpec, *, template: bool) -> tuple[tuple[int, float], ...]:
@@ -400,7 +399,7 @@ class NpcGenerator:
         mask = self.engine.info.mask_token
         if mask is not None:
             return int(mask)
-        return int(self.engine.model.eos if self.engine.model.eos is not None else 0)  # uniform-state: drafts
+        return int(self.engine.eos if self.engine.eos is not None else 0)  # uniform-state: drafts
 
     def _run(self, jobs: list[_Job], prompt: np.ndarray, phase: str, tracker: _Tracker, cancel,
              planned: bool = False) -> None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dgchat.model_backend.engine_protocol import Engine
 from dgchat.npc.errors import MissingVariableError, TemplateError
 
 DEFAULT_HOLE_LENGTHS = (1, 2, 4, 6)
@@ -204,10 +205,8 @@ class Tokenizer:
         self._segments: dict[str, np.ndarray] = {}
 
     @classmethod
-    def for_engine(cls, engine) -> Tokenizer:
-        model = engine.model
-        return cls(lambda text: model.tokenize(text, add_special=False, parse_special=False),
-                   lambda token: model.token_piece(int(token), special=False))
+    def for_engine(cls, engine: Engine) -> Tokenizer:
+        return cls(lambda text: engine.tokenize(text), lambda token: engine.token_bytes(int(token)))
 
     def piece(self, token: int) -> bytes:
         b = self._pieces.get(token)

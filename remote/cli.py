@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
+from dgchat.config import load_config
+from dgchat.model_backend.errors import InvalidParameterError
 from dgchat.remote.client import API_KEY_ENV, DEFAULT_DEADLINE, DEFAULT_RETRIES, DEFAULT_TIMEOUT
 
 
@@ -48,10 +51,6 @@ def server_choice(args: argparse.Namespace) -> tuple[list[str], str | None]:
             urls = [config.server_url]
     if not urls:
         return [], None
-    import math
-
-    from dgchat.model_backend.errors import InvalidParameterError
-
     for name in ("timeout", "deadline"):
         value = getattr(args, name, None)
         if value is not None and not (math.isfinite(value) and 0 < value <= 1e6):
@@ -70,8 +69,4 @@ def server_choice(args: argparse.Namespace) -> tuple[list[str], str | None]:
 
 
 def _config():
-    try:
-        from dgchat.config import load_config
-    except ImportError:
-        return None
     return load_config()

@@ -1,6 +1,6 @@
 """`RemoteEngine`: an OpenAI-compatible server standing in for a loaded model.
 
-It offers what the app's `Engine` Protocol (app/engine_protocol.py) asks of a local
+It offers what the app's `Engine` Protocol (model_backend/engine_protocol.py) asks of a local
 DiffusionEngine, as far as a server can:
 
 - `generate()` yields the same StepEvent/FinalEvent stream. Against `dgchat serve` it asks for the
@@ -49,7 +49,9 @@ import numpy as np
 
 from dgchat.model_backend.canvas import CanvasSnapshot
 from dgchat.model_backend.errors import ContextOverflowError, InvalidParameterError
+from dgchat.model_backend.engine import DiffusionEngine
 from dgchat.model_backend.events import FinalEvent, GenerationStats, StepEvent, StepTiming
+from dgchat.model_backend.loader import ENGINE_CLASSES
 from dgchat.model_backend.model_info import ModelInfo
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.remote import limits, wire
@@ -83,11 +85,12 @@ def flag(name: str) -> str:
 
 @dataclass
 class _ResolveShadow:
-    """What DiffusionEngine.resolve reads of an engine: the model's header facts and vocabulary size.
-    The server has the last word on placement (--sampler-on), so the backend is assumed present."""
+    """What DiffusionEngine.resolve reads of an engine: the model's header facts, and `model.n_vocab`
+    (the remote engine itself answers that). The server has the last word on placement
+    (--sampler-on), so the backend is assumed present."""
 
     info: ModelInfo
-    model: Any
+    model: RemoteEngine
     backend_sampler: bool = True
 
 
@@ -116,19 +119,17 @@ class RemotePrompt(np.ndarray):
         return self.messages == other.messages and self.text == other.text and self.suffix == other.suffix
 
 
-class RemoteVocabulary:
-    """`engine.model` for a remote engine: what the server said about its vocabulary and the
-    pieces it has shown so far (see the module docstring). What it keeps is bounded
+class ShownTokens:
+    """What a server has told of its vocabulary: its size and end tokens, and the pieces (and
+    special tokens) it has shown so far (see the module docstring). What it keeps is bounded
     (limits.MAX_PIECES tokens, limits.MAX_PIECE_TOTAL_CHARS characters): a server that shows ever
     new token ids fails (RemoteApiError) instead of filling the memory."""
 
     def __init__(self, n_vocab: int, end_tokens: Sequence[int], *, url: str = "") -> None:
         self.n_vocab = n_vocab
         self.url = url
-        self._ends = np.array(sorted(set(int(t) for t in end_tokens)), dtype=np.int32)
-        self.eos = int(self._ends[0]) if self._ends.size else None
-        self.eot = None
-        self.bos = None
+        self.ends = np.array(sorted(set(int(t) for t in end_tokens)), dtype=np.int32)
+        self.end_set = frozenset(int(t) for t in self.ends)
         self.pieces: dict[int, str] = {}
         self.special: set[int] = set(int(t) for t in end_tokens)
         self._chars = 0
@@ -159,19 +160,6 @@ class RemoteVocabulary:
                 raise RemoteApiError(f"{self.url} marked more than {limits.MAX_PIECES} tokens special; stopped "
                                      "reading", url=self.url, status=502)
 
-    def eog_ids(self) -> np.ndarray:
-        return self._ends.copy()
-
-    def is_special(self, token: int) -> bool:
-        return int(token) in self.special
-
-    is_control = is_special
-
-    def token_piece(self, token: int, special: bool = True) -> bytes:
-        if not special and self.is_special(token):
-            return b""
-        return self.pieces.get(int(token), "").encode("utf-8")
-
 
 @dataclass
 class _Choice:
@@ -199,10 +187,10 @@ class RemoteEngine:
         # every value read here was checked by remote.wire.parse_models (types, ranges)
         d = model.details or wire.DgchatDetails()
         self.is_dgchat = model.is_dgchat
-        self.model = RemoteVocabulary(d.n_vocab, d.end_tokens or (), url=client.url)
+        self.shown = ShownTokens(d.n_vocab, d.end_tokens or (), url=client.url)
         mask = d.mask_token
         if mask is not None:
-            self.model.special.add(mask)
+            self.shown.special.add(mask)
         self._defaults = dict(d.defaults)
         family = d.family if d.family in ("masked", "diffusion_gemma") else "remote"
         self.info = ModelInfo(
@@ -282,18 +270,55 @@ class RemoteEngine:
         return RemotePrompt(text=text)
 
     def piece(self, token: int) -> str:
-        return self.model.pieces.get(int(token), "")
+        return self.shown.pieces.get(int(token), "")
 
     def detokenize(self, tokens: np.ndarray | Sequence[int]) -> str:
-        pieces = self.model.pieces
-        special = self.model.special
+        pieces = self.shown.pieces
+        special = self.shown.special
         return "".join(pieces.get(int(t), "") for t in tokens if int(t) not in special)
 
     def is_end(self, token: int) -> bool:
-        return int(token) in self.model._ends
+        return int(token) in self.shown.end_set
 
     def is_special(self, token: int) -> bool:
-        return int(token) in self.model.special
+        return int(token) in self.shown.special
+
+    # -- the vocabulary, as far as the server told it (engine_protocol.Engine) ------------------
+    @property
+    def n_vocab(self) -> int:
+        """The server's vocabulary size (dgchat serve says it; 0 for other servers)."""
+        return self.shown.n_vocab
+
+    def eog_ids(self) -> np.ndarray:
+        return self.shown.ends.copy()
+
+    @property
+    def eos(self) -> int | None:
+        """The lowest end token the server named (it does not say which one is eos)."""
+        ends = self.shown.ends
+        return int(ends[0]) if ends.size else None
+
+    @property
+    def end_token(self) -> int | None:
+        return self.eos  # no end-of-turn id on the wire
+
+    @property
+    def added_bos(self) -> int | None:
+        return None  # the server adds what its model adds
+
+    def tokenize(self, text: str, *, special: bool = False) -> np.ndarray:
+        raise InvalidParameterError("counting or spelling tokens needs the model's tokenizer; it is not "
+                                    "available over --server")
+
+    def token_bytes(self, token: int) -> bytes:
+        if self.is_special(token):
+            return b""
+        return self.shown.pieces.get(int(token), "").encode("utf-8")
+
+    def control_tokens(self) -> tuple[int, ...]:
+        """The special tokens shown so far, other than end tokens (grows as the server shows more)."""
+        shown = self.shown
+        return tuple(sorted(t for t in shown.special if 0 <= t < shown.n_vocab and t not in shown.end_set))
 
     # -- parameters -----------------------------------------------------------------------------
     def resolve(self, params: DiffusionParams | None = None) -> DiffusionParams:
@@ -304,15 +329,9 @@ class RemoteEngine:
         params = params or DiffusionParams()
         d = self.server_model.details
         if self.is_dgchat and d is not None and d.model_defaults is not None:
-            from dgchat.model_backend.engine import DiffusionEngine
-
-            resolve = DiffusionEngine.resolve
-            if self.info.family == "diffusion_gemma":
-                from dgchat.model_backend.diffusion_gemma import DiffusionGemmaEngine
-
-                resolve = DiffusionGemmaEngine.resolve
+            resolve = ENGINE_CLASSES.get(self.info.family, DiffusionEngine).resolve
             shadow = _ResolveShadow(replace(self.info, defaults=dict(d.model_defaults),
-                                            has_kv_memory=d.has_kv_memory), self.model)
+                                            has_kv_memory=d.has_kv_memory), self)
             return resolve(shadow, params)  # type: ignore[arg-type]
         if params.max_tokens is None:
             params = params.updated(max_tokens=params.gen_length or min(1024, self.n_ctx_max // 2))
@@ -469,7 +488,7 @@ class RemoteEngine:
         settings: dict[str, Any] = {}
         started = time.perf_counter()
         read_ext = self.is_dgchat  # dgchat serve's extension (canvas frames, final records, settings)
-        vocab = self.model.vocab_limit
+        vocab = self.shown.vocab_limit
         for obj in self.client.stream(path, body, cancel=cancel, budget=budget):
             try:
                 chunk = wire.parse_chunk(obj, dgchat=read_ext, vocab=vocab)
@@ -517,10 +536,10 @@ class RemoteEngine:
         if frame.answer_tokens is not None and frame.answer_tokens.size > budget.answer_tokens:
             raise self._over_budget(f"{frame.answer_tokens.size} answer tokens", budget)
         with self._lock:
-            self.model.remember(tokens.tolist(), frame.pieces, frame.special)
+            self.shown.remember(tokens.tolist(), frame.pieces, frame.special)
             if frame.answer_tokens is not None:
                 if frame.answer_pieces is not None:
-                    self.model.remember(frame.answer_tokens.tolist(), frame.answer_pieces)
+                    self.shown.remember(frame.answer_tokens.tolist(), frame.answer_pieces)
                 state.answer = frame.answer_tokens
         if state.answer is None:
             state.answer = np.zeros(0, dtype=np.int32)
@@ -539,7 +558,7 @@ class RemoteEngine:
         with self._lock:
             token = self._synthetic_next
             self._synthetic_next += 1
-            self.model.pieces[token] = delta
+            self.shown.pieces[token] = delta
         if state.synthetic is None:
             state.synthetic = []
         state.synthetic.append(token)  # in place: an answer of many deltas stays linear

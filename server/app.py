@@ -24,8 +24,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from dgchat import __version__
+from dgchat.model_backend.engine_protocol import LocalEngine
 from dgchat.model_backend.errors import DgchatError, EngineError, GenerationCancelled, InvalidParameterError
 from dgchat.model_backend.params import DiffusionParams
+from dgchat.npc.cards import find_card, load_cards, parse_card
+from dgchat.npc.generator import LENGTH_PRESETS, MAX_COUNT, MAX_LINE_TOKENS, LineSpec, ModelMeta, NpcGenerator
+from dgchat.npc.templates import parse_template, plan_canvas
 from dgchat.server import DEFAULT_PORT, openai_api
 from dgchat.server.asgi import (
     SSE_DONE,
@@ -129,7 +133,7 @@ class _Uvicorn(uvicorn.Server):
 
 
 class ApiServer:
-    def __init__(self, engine: Any, config: ServeConfig) -> None:
+    def __init__(self, engine: LocalEngine, config: ServeConfig) -> None:
         config.validate()
         self.engine = engine
         self.config = config
@@ -231,8 +235,6 @@ class ApiServer:
         """What a remote client (dgchat.remote) needs to stand in for the engine: the model's
         resolved default settings, its mask and end tokens, and the identity NPC exports record."""
         if self._details is None:
-            from dgchat.npc.generator import ModelMeta
-
             engine = self.engine
             try:
                 defaults = engine.resolve().as_dict()
@@ -245,8 +247,8 @@ class ApiServer:
                 "name": engine.info.name, "family": engine.info.family,
                 "uniform_state": bool(engine.info.uniform_state),
                 "mask_token": None if mask is None else int(mask),
-                "end_tokens": sorted(int(t) for t in engine.model.eog_ids()),
-                "n_vocab": int(engine.model.n_vocab), "defaults": defaults,
+                "end_tokens": sorted(int(t) for t in engine.eog_ids()),
+                "n_vocab": int(engine.n_vocab), "defaults": defaults,
                 # the model's own recommended settings and KV memory: a client resolves settings as the
                 # engine does (dgchat.remote.engine.RemoteEngine.resolve)
                 "model_defaults": dict(engine.info.defaults), "has_kv_memory": bool(engine.info.has_kv_memory),
@@ -436,19 +438,13 @@ class ApiServer:
         return EventStream(stream(), on_close)
 
     # -- /v1/infill ---------------------------------------------------------------------------
-    def _generator(self):
+    def _generator(self) -> NpcGenerator:
         with self._npc_lock:
             if self._npc is None:
-                from dgchat.npc.generator import NpcGenerator
-
                 self._npc = NpcGenerator(self.engine)
             return self._npc
 
     def _prepare_infill(self, body: Any):
-        from dgchat.npc.cards import find_card, load_cards, parse_card
-        from dgchat.npc.generator import LENGTH_PRESETS, MAX_COUNT, MAX_LINE_TOKENS, LineSpec
-        from dgchat.npc.templates import parse_template
-
         if not isinstance(body, dict):
             raise openai_api.bad("the request body must be a JSON object")
         known = {"template", "length", "variables", "character", "context", "situation", "n", "seed", "temperature",
@@ -510,8 +506,6 @@ class ApiServer:
             raise openai_api.bad("`template` has no hole ({___}): nothing for the model to fill", "template")
         prompt = generator.prompt(spec, filled)
         # lay the line out once now: a template the tokenizer cannot keep byte-identical fails here
-        from dgchat.npc.templates import plan_canvas
-
         plan_canvas(filled, [h.default_length for h in filled.holes], generator.tokenizer, fill_token=0)
         return spec, int(prompt.size), max_attempts
 
@@ -520,7 +514,7 @@ class ApiServer:
         spec, prompt_tokens, max_attempts = await self._off_loop(lambda: self._prepare_infill(body))
         generator = self._generator()
 
-        def work(engine, cancel, emit):
+        def work(engine: LocalEngine, cancel: Any, emit: Any):
             g = replace_attempts(generator, max_attempts)
             return g.generate(spec, cancel=cancel)
 
@@ -561,7 +555,7 @@ def replace_attempts(generator, max_attempts: int):
 
 # -- running ----------------------------------------------------------------------------------------
 
-async def serve(engine: Any, config: ServeConfig, *, ready: Callable[[ApiServer], None] | None = None,
+async def serve(engine: LocalEngine, config: ServeConfig, *, ready: Callable[[ApiServer], None] | None = None,
                 install_signals: bool = True, stop: asyncio.Event | None = None) -> bool:
     """Serve until SIGINT/SIGTERM or `stop` (first signal: graceful shutdown; second: stop at once).
     Returns whether the generation worker has stopped (only then may the engine be closed)."""
@@ -617,7 +611,7 @@ async def serve(engine: Any, config: ServeConfig, *, ready: Callable[[ApiServer]
 class ServerThread:
     """A server on its own event loop in a background thread (tests, embedding in other programs)."""
 
-    def __init__(self, engine: Any, config: ServeConfig) -> None:
+    def __init__(self, engine: LocalEngine, config: ServeConfig) -> None:
         self.engine = engine
         self.config = config
         self.server: ApiServer | None = None

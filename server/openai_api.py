@@ -25,10 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from dgchat.model_backend.engine_protocol import LocalEngine
 from dgchat.model_backend.errors import ContextOverflowError, DgchatError, GenerationCancelled
 from dgchat.model_backend.events import FinalEvent, StepEvent
-from dgchat.model_backend.masked_diffusion import CanvasTemplate
 from dgchat.model_backend.params import ALGORITHMS, CACHE_MODES, MAX_BIAS, DiffusionParams
+from dgchat.model_backend.requests import CanvasTemplate
 from dgchat.server.errors import ApiError
 
 MAX_N = 8
@@ -170,7 +171,7 @@ def _in_range(value: float, lo: float, hi: float, lo_open: bool, hi_open: bool) 
     return (lo < value if lo_open else lo <= value) and (value < hi if hi_open else value <= hi)
 
 
-def parse_dgchat(body: dict, engine: Any = None) -> dict[str, Any]:
+def parse_dgchat(body: dict, engine: LocalEngine | None = None) -> dict[str, Any]:
     """The `dgchat` extension object, every value type- and range-checked (`engine`: the served
     model, whose context length and vocabulary bound the canvas and top_k)."""
     ext = body.get("dgchat")
@@ -179,7 +180,7 @@ def parse_dgchat(body: dict, engine: Any = None) -> dict[str, Any]:
     if not isinstance(ext, dict):
         raise bad("`dgchat` must be an object of dgchat sampler settings", "dgchat")
     model = {"ctx": int(engine.n_ctx_max) if engine is not None else 1 << 20,
-             "vocab": int(engine.model.n_vocab) if engine is not None else 1 << 24}
+             "vocab": int(engine.n_vocab) if engine is not None else 1 << 24}
     out: dict[str, Any] = {}
     for key, value in ext.items():
         spec = _DGCHAT_KEYS.get(key)
@@ -217,7 +218,7 @@ def parse_seed(body: dict) -> int:
 
 # -- parameters -----------------------------------------------------------------------------------
 
-def fit_params(engine: Any, base: DiffusionParams, max_tokens: int) -> DiffusionParams:
+def fit_params(engine: LocalEngine, base: DiffusionParams, max_tokens: int) -> DiffusionParams:
     """Resolved parameters for an answer of at most `max_tokens` tokens: a canvas no longer than
     needed (rounded up to whole blocks) with the model's steps-per-token ratio."""
     d = engine.resolve(replace(base, steps=None))  # the model's canvas and blocks (steps are checked below)
@@ -237,7 +238,7 @@ def fit_params(engine: Any, base: DiffusionParams, max_tokens: int) -> Diffusion
     return engine.resolve(replace(p, max_tokens=max_tokens))
 
 
-def infill_params(engine: Any, base: DiffusionParams, canvas: int, to_fill: int) -> DiffusionParams:
+def infill_params(engine: LocalEngine, base: DiffusionParams, canvas: int, to_fill: int) -> DiffusionParams:
     """Resolved parameters for a template canvas (one block; by default one position per step)."""
     p = replace(base, block_length=None, eps=base.eps if base.eps is not None else 1e-3)
     if p.steps is None and not engine.info.uniform_state:
@@ -428,7 +429,7 @@ def _messages(body: dict) -> list[dict[str, str]]:
     return out
 
 
-def _common(body: dict, engine: Any, default_max: int | None) -> tuple[DiffusionParams, dict, int, int, int]:
+def _common(body: dict, engine: LocalEngine, default_max: int | None) -> tuple[DiffusionParams, dict, int, int, int]:
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
     check_unsupported(body)
@@ -439,7 +440,7 @@ def _common(body: dict, engine: Any, default_max: int | None) -> tuple[Diffusion
     if max_tokens is None:
         max_tokens = default_max
     seed = parse_seed(body)
-    base = base_params(body, ext, parse_logit_bias(body, engine.model.n_vocab))
+    base = base_params(body, ext, parse_logit_bias(body, engine.n_vocab))
     if not isinstance(body.get("stream", False), bool):
         raise bad("`stream` must be true or false", "stream")
     return base, ext, n, max_tokens, seed
@@ -454,7 +455,7 @@ def _stream_options(body: dict) -> bool:
     return bool(opts.get("include_usage", False))
 
 
-def _finish_plan(engine: Any, plan: GenPlan) -> GenPlan:
+def _finish_plan(engine: LocalEngine, plan: GenPlan) -> GenPlan:
     try:
         for p in plan.params:
             p.validate()
@@ -470,7 +471,7 @@ def _params_error(exc: DgchatError) -> ApiError:
     return bad(str(exc), code="invalid_parameter")
 
 
-def prepare_chat(body: dict, engine: Any) -> GenPlan:
+def prepare_chat(body: dict, engine: LocalEngine) -> GenPlan:
     """Validate a /v1/chat/completions body and plan its generation (runs off the event loop)."""
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
@@ -492,7 +493,7 @@ def prepare_chat(body: dict, engine: Any) -> GenPlan:
     return _finish_plan(engine, plan)
 
 
-def _prompt_tokens(body: dict, engine: Any) -> tuple[np.ndarray, str]:
+def _prompt_tokens(body: dict, engine: LocalEngine) -> tuple[np.ndarray, str]:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
@@ -504,7 +505,7 @@ def _prompt_tokens(body: dict, engine: Any) -> tuple[np.ndarray, str]:
         if len(prompt) > int(engine.n_ctx_max):  # before detokenizing half a million ids
             raise bad(f"`prompt` has {len(prompt)} tokens; the model's context is {int(engine.n_ctx_max)}", "prompt",
                       "context_length_exceeded")
-        n_vocab = engine.model.n_vocab
+        n_vocab = engine.n_vocab
         if not all(0 <= t < n_vocab for t in prompt):
             raise bad(f"`prompt` token ids must be in 0..{n_vocab - 1}", "prompt")
         tokens = np.array(prompt, dtype=np.int32)
@@ -514,7 +515,7 @@ def _prompt_tokens(body: dict, engine: Any) -> tuple[np.ndarray, str]:
     raise bad("`prompt` must be a string or a list of token ids", "prompt")
 
 
-def prepare_completion(body: dict, engine: Any) -> GenPlan:
+def prepare_completion(body: dict, engine: LocalEngine) -> GenPlan:
     """Validate a /v1/completions body and plan its generation (runs off the event loop)."""
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
@@ -530,14 +531,14 @@ def prepare_completion(body: dict, engine: Any) -> GenPlan:
     try:
         if suffix:
             # client text: control-token markers in it stay plain text
-            suffix_tokens = engine.model.tokenize(suffix, add_special=False, parse_special=False)
+            suffix_tokens = engine.tokenize(suffix)
             tokens = np.concatenate([np.full(max_tokens, engine.info.mask_token if engine.info.mask_token is not None
                                              else 0, dtype=np.int32), suffix_tokens]).astype(np.int32)
             fixed = np.zeros(tokens.size, dtype=bool)
             fixed[max_tokens:] = True
             template = CanvasTemplate(tokens, fixed)
             # the completion sits between the prompt and the suffix: it never ends early
-            eog = tuple((int(t), -100.0) for t in engine.model.eog_ids())
+            eog = tuple((int(t), -100.0) for t in engine.eog_ids())
             first = infill_params(engine, replace(base, logit_bias=base.logit_bias + eog), int(tokens.size), max_tokens)
         else:
             first = fit_params(engine, base, max_tokens)
@@ -552,17 +553,16 @@ def prepare_completion(body: dict, engine: Any) -> GenPlan:
     return _finish_plan(engine, plan)
 
 
-def run_plan(plan: GenPlan, engine: Any, cancel: Any, emit: Callable[[Any], None] | None) -> list[ChoiceResult]:
+def run_plan(plan: GenPlan, engine: LocalEngine, cancel: Any, emit: Callable[[Any], None] | None) -> list[ChoiceResult]:
     """Generate (in the worker thread). With `emit`, sends ("delta", index, text, canvas-or-None)
     for streaming. Raises GenerationCancelled when the client went away (cancel set from outside)."""
-    model = engine.model
-    eog = set(int(t) for t in model.eog_ids())
+    eog = set(int(t) for t in engine.eog_ids())
     pieces: dict[int, bytes] = {}
 
     def piece(t: int) -> bytes:
         b = pieces.get(t)
         if b is None:
-            b = pieces[t] = model.token_piece(t, special=False)
+            b = pieces[t] = engine.token_bytes(t)
         return b
 
     streamers = [TextStreamer(piece, eog.__contains__, plan.stop) for _ in range(plan.n)]
@@ -606,7 +606,7 @@ def run_plan(plan: GenPlan, engine: Any, cancel: Any, emit: Callable[[Any], None
     return results
 
 
-def _canvas_payload(engine: Any, event: StepEvent, index: int) -> dict[str, Any]:
+def _canvas_payload(engine: LocalEngine, event: StepEvent, index: int) -> dict[str, Any]:
     """One step of one choice, for `"dgchat": {"canvas": true}` streams: what a client needs to
     draw the canvas (model_backend.canvas_view) and to rebuild the StepEvent (dgchat.remote).
     `answer_tokens` (the answer's earlier canvases) comes with the first step of each canvas only;

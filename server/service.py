@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dgchat.model_backend.engine_protocol import LocalEngine
 from dgchat.model_backend.errors import GenerationCancelled
 
 
@@ -65,7 +66,7 @@ class Job:
 
 
 class GenerationService:
-    def __init__(self, engine: Any, *, max_queue: int = 8) -> None:
+    def __init__(self, engine: LocalEngine, *, max_queue: int = 8) -> None:
         self.engine = engine
         self.max_queue = max_queue
         self._waiting: collections.deque[Job] = collections.deque()

@@ -115,9 +115,9 @@ def hf_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(llada_gguf: Path) -> Iterator[DiffusionEngine]:
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
 
-    with DiffusionEngine.load(llada_gguf, n_threads=1) as e:
+    with load_engine(llada_gguf, n_threads=1) as e:
         yield e
 
 

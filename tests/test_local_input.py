@@ -78,10 +78,10 @@ def test_the_app_with_n_threads_100000_stops_with_one_line(tmp_path):
 
 def test_the_engine_refuses_a_thread_count_before_llama_cpp_sees_it(llada_gguf):
     """Callers that bypass the flags and the config (bench workers, distillation) meet the same bound."""
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
 
     with pytest.raises(InvalidParameterError, match="threads must be a whole number"):
-        DiffusionEngine.load(llada_gguf, n_threads=100_000)
+        load_engine(llada_gguf, n_threads=100_000)
 
 
 # -- deeply nested TOML ---------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from dgchat.app.engine_protocol import Engine
+from dgchat.model_backend.engine_protocol import Engine
 from dgchat.app.widgets.canvas import _VISIBLE_CONTROLS, PLACEHOLDER, _wrap
 from dgchat.model_backend.canvas import Cell
 from dgchat.model_backend.events import StepEvent
@@ -71,7 +71,7 @@ class DraftPreview(Widget):
         if engine is not self.engine:
             self._pieces.clear()
         self.engine = engine
-        self._ends = {int(t) for t in engine.model.eog_ids()} if engine is not None else set()
+        self._ends = {int(t) for t in engine.eog_ids()} if engine is not None else set()
         if len(before) > WINDOW_CHARS:
             cut = before.find("\n", len(before) - WINDOW_CHARS)
             before = before[cut + 1:] if cut >= 0 else before[-WINDOW_CHARS:]

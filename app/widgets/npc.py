@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dgchat.app.engine_protocol import Engine
+from dgchat.model_backend.engine_protocol import Engine
 from dgchat.app.widgets.canvas import _PROGRESS, LiveCanvas, _wrap
 from dgchat.npc.cards import CharacterCard
 from dgchat.npc.generator import LineBatch, LineVariant
@@ -101,7 +101,7 @@ class VariantCanvas(LiveCanvas):
     def __init__(self, engine: Engine, head: str, **kwargs: Any) -> None:
         super().__init__(engine, **kwargs)
         self.head = head
-        self._hidden = frozenset(int(t) for t in engine.model.eog_ids())  # the end of the line
+        self._hidden = frozenset(int(t) for t in engine.eog_ids())  # the end of the line
 
     def _rebuild(self) -> bool:
         width = self.content_size.width

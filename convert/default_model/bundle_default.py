@@ -65,9 +65,9 @@ def heldout_nll(path: Path, windows: Any, n_windows: int) -> dict[str, float]:
     """Mean next-token cross-entropy (nats) of the causal encoder over the first `n_windows`
     held-out windows, computed by llama.cpp; also per character of the scored text, the figure
     that compares models with different tokenizers (v1's 8,192 entries, v2's 16,384)."""
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
 
-    engine = DiffusionEngine.load(path)
+    engine = load_engine(path)
     try:
         total, count, chars = 0.0, 0, 0
         for i in range(min(n_windows, len(windows))):
@@ -82,11 +82,11 @@ def heldout_nll(path: Path, windows: Any, n_windows: int) -> dict[str, float]:
 
 
 def npc_samples(path: Path, autoregressive: bool) -> list[dict[str, Any]]:
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
     from dgchat.model_backend.events import FinalEvent
     from dgchat.model_backend.params import DiffusionParams
 
-    engine = DiffusionEngine.load(path)
+    engine = load_engine(path)
     out = []
     try:
         for exchange, seed in zip(EXCHANGES, SEEDS):

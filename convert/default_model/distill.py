@@ -103,9 +103,9 @@ def teacher_answers(model_path: Path, windows, settings: TeacherSettings, *, ind
                     progress=None) -> Iterator[tuple[int, int, np.ndarray | None]]:
     """(window, turn, answer tokens without the end token, or None if it did not end) for every turn
     of the given windows (default: all), by batched left-to-right decoding with llama.cpp."""
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
 
-    engine = DiffusionEngine.load(model_path, n_threads=threads)
+    engine = load_engine(model_path, n_threads=threads)
     try:
         yield from _answer_all(engine, windows, settings, indices, n_parallel, threads, batch_tokens, progress)
     finally:
@@ -115,7 +115,7 @@ def teacher_answers(model_path: Path, windows, settings: TeacherSettings, *, ind
 def _answer_all(engine, windows, settings, indices, n_parallel, threads, batch_tokens, progress):
     from dgchat.model_backend import llamacpp
 
-    eog = np.zeros(engine.model.n_vocab, bool)
+    eog = np.zeros(engine.n_vocab, bool)
     eog[[dtok.END_OF_TURN, dtok.EOS]] = True
     per_seq = int(np.diff(windows.seq_offsets).max()) + settings.max_new + 8  # the longest window and an answer
     ctx = llamacpp.LlamaContext(engine.model, n_ctx=n_parallel * per_seq, max_tokens=batch_tokens,

@@ -346,10 +346,10 @@ def main(argv: list[str] | None = None) -> int:
     if model is None:
         ap.error("no bundled model in this installation: pass --model")
 
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
 
     t0 = time.perf_counter()
-    with DiffusionEngine.load(model, n_threads=args.threads) as engine:
+    with load_engine(model, n_threads=args.threads) as engine:
         report = measure(engine, prompts, vocabulary, seeds, progress=not args.json, diffusion_settings=settings,
                          modes=("diffusion",) if args.diffusion_only else ("diffusion", "ar"))
     report["wall_s"] = round(time.perf_counter() - t0, 1)

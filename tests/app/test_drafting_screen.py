@@ -251,10 +251,10 @@ async def test_the_draft_survives_reopening(home, llada_gguf):
 
 def test_rewrite_plan_on_an_empty_document_and_a_small_context(small_ctx_gguf):
     """Planning only: no selection and no text still makes a prompt; the context bounds the window."""
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
     from dgchat.model_backend.params import DiffusionParams
 
-    with DiffusionEngine.load(small_ctx_gguf, n_threads=1) as engine:
+    with load_engine(small_ctx_gguf, n_threads=1) as engine:
         empty = plan_rewrite(engine, DraftRequest("rewrite", "", "", "", seed=0), DiffusionParams())
         assert empty.prompt.size >= 1 and empty.span == 16
         long = "word " * 400

@@ -615,10 +615,10 @@ def test_bad_config_is_reported_by_the_cli(tmp_path):
 def test_partial_text_cuts_at_the_first_undecided_position(llada_gguf):
     from dgchat.app.generation import decided_tokens
     from dgchat.model_backend.canvas import CanvasSnapshot, Cell
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
     from dgchat.model_backend.events import StepEvent, StepTiming
 
-    with DiffusionEngine.load(llada_gguf) as engine:
+    with load_engine(llada_gguf) as engine:
         tokens = np.array([10, 11, 12, 13], dtype=np.int32)
         state = np.array([Cell.DONE, Cell.NEW, Cell.MASKED, Cell.DONE], dtype=np.int8)
         event = StepEvent(step=1, total_steps=4, canvas_index=1, canvas_step=1,

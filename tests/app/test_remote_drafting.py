@@ -17,7 +17,7 @@ from fixtures.fake_openai import FakeServer, Reply
 from dgchat.app import model_source
 from dgchat.app.drafting_plan import clean_text, no_infill_message
 from dgchat.model_backend.canvas import Cell
-from dgchat.model_backend.engine import DiffusionEngine
+from dgchat.model_backend.loader import load_engine
 from dgchat.server.app import ServeConfig, ServerThread
 
 SIZE = (100, 24)
@@ -29,7 +29,7 @@ SPAN = ((0, 35), (0, 50))  # "gate after dark"
 def gated(llada_gguf: Path) -> Iterator[GatedEngine]:
     """The server's engine: it runs freely while `release` is set; a test clears it to hold an
     answer at step 2."""
-    with DiffusionEngine.load(llada_gguf, n_threads=1) as engine:
+    with load_engine(llada_gguf, n_threads=1) as engine:
         gate = GatedEngine(engine, hold_at=2)
         gate.release.set()
         yield gate

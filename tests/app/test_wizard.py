@@ -232,9 +232,9 @@ async def test_a_model_in_the_hf_cache_is_used_without_a_download(env, hub, hf_h
     engines: list[GatedEngine] = []
 
     def held_engine(path, **kwargs):
-        from dgchat.model_backend.engine import DiffusionEngine
+        from dgchat.model_backend.loader import load_engine
 
-        engines.append(GatedEngine(DiffusionEngine.load(path, **kwargs), hold_at=2))
+        engines.append(GatedEngine(load_engine(path, **kwargs), hold_at=2))
         return engines[-1]
 
     monkeypatch.setattr(app_session, "load_engine", held_engine)

@@ -154,9 +154,9 @@ def test_ready_live_test_generation(snap_compare, env, monkeypatch):
     held: list[GatedEngine] = []
 
     def load(path, **kwargs):
-        from dgchat.model_backend.engine import DiffusionEngine
+        from dgchat.model_backend.loader import load_engine
 
-        held.append(GatedEngine(DiffusionEngine.load(path, **kwargs), hold_at=3))
+        held.append(GatedEngine(load_engine(path, **kwargs), hold_at=3))
         return held[-1]
 
     monkeypatch.setattr(app_session, "load_engine", load)

@@ -52,13 +52,13 @@ def build_model(folder: Path, args: argparse.Namespace) -> Path:
     sys.path.insert(0, str(HERE.parent))
     from fixtures.gguf_models import TinySpec, write_tiny_gguf
 
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
     from dgchat.model_backend.params import DiffusionParams
 
     for seed in range(20):
         path = folder / f"bench-llada-{args.size}-{seed}.gguf"
         write_tiny_gguf(path, TinySpec(arch="llada", seed=seed, **SIZES[args.size]))
-        with DiffusionEngine.load(path) as engine:
+        with load_engine(path) as engine:
             prompt = engine.chat_prompt([{"role": "user", "content": PROMPT}])
             params = DiffusionParams(steps=args.steps, gen_length=args.gen_length, max_tokens=args.max_tokens)
             final = list(engine.generate(prompt, params))[-1]

@@ -47,6 +47,7 @@ from bench.make_fullshape_dg import (  # noqa: E402
     write_fullshape_dg,
 )
 from dgchat.model_backend.engine import DiffusionEngine  # noqa: E402
+from dgchat.model_backend.loader import load_engine  # noqa: E402
 from dgchat.model_backend.events import FinalEvent  # noqa: E402
 from dgchat.model_backend.gguf_file import read_gguf_header  # noqa: E402
 from dgchat.model_backend.llamacpp import engine_info  # noqa: E402
@@ -206,7 +207,7 @@ def main() -> None:
 def run(path: Path, args: argparse.Namespace, steps: list[int]) -> dict[str, Any]:
     info = engine_info()
     t0 = time.perf_counter()
-    engine = DiffusionEngine.load(path, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers)
+    engine = load_engine(path, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers)
     load_s = time.perf_counter() - t0
     rss_loaded = peak_rss_mb()
     with engine:

@@ -67,6 +67,7 @@ import numpy as np  # noqa: E402
 from fixtures.wide_vocab import write_wide_vocab_gguf  # noqa: E402
 from dgchat.model_backend import reference_sampler  # noqa: E402
 from dgchat.model_backend.engine import DiffusionEngine  # noqa: E402
+from dgchat.model_backend.loader import load_engine  # noqa: E402
 from dgchat.model_backend.events import FinalEvent  # noqa: E402
 from dgchat.model_backend.params import DiffusionParams  # noqa: E402
 from dgchat.model_backend.reference_sampler import ALGORITHM_IDS  # noqa: E402
@@ -180,7 +181,7 @@ def main() -> None:
     summary = []
     for threads in thread_counts:
         ratios, same_all = [], True
-        with DiffusionEngine.load(model, n_threads=threads) as engine:
+        with load_engine(model, n_threads=threads) as engine:
             prompt = engine.chat_prompt([{"role": "user", "content": a.prompt}])
             n_gen = a.length - int(prompt.size)
             run_reference(engine, prompt, a)  # warm-up: page in the weights, allocate the context

@@ -43,6 +43,7 @@ from bench_dg_fullshape import make_prompt  # noqa: E402
 from dgchat.hub.machine_profile import cached_profile, ensure_profile, write_probe  # noqa: E402
 from dgchat.hub.speed import predict, shape_from_header, shape_from_tensors  # noqa: E402
 from dgchat.model_backend.engine import DiffusionEngine  # noqa: E402
+from dgchat.model_backend.loader import load_engine  # noqa: E402
 from dgchat.model_backend.events import FinalEvent  # noqa: E402
 from dgchat.model_backend.params import DiffusionParams  # noqa: E402
 
@@ -116,7 +117,7 @@ def trained_rows(table: Table, dev, path: Path, name: str, args, *, typical_step
     from dgchat.convert.default_model.word_validity import read_prompts
 
     prompts = read_prompts()[: args.prompts]
-    with DiffusionEngine.load(path, n_threads=args.threads) as engine:
+    with load_engine(path, n_threads=args.threads) as engine:
         shape = shape_of(engine, typical_steps)
         params = engine.resolve(DiffusionParams(seed=0))
         final_of(engine.generate(engine.chat_prompt([{"role": "user", "content": "Who goes there?"}]), params))
@@ -153,7 +154,7 @@ def fullshape_rows(table: Table, dev, args) -> None:
         if not path.exists():
             print(f"  writing {path} ...", flush=True)
             fs.write_fullshape_dg(path, n_layer=layers, qtype="q4_0")
-        with DiffusionEngine.load(path, n_threads=args.threads) as engine:
+        with load_engine(path, n_threads=args.threads) as engine:
             shape = shape_of(engine)
             prompt = make_prompt(engine, 64)
             params = engine.resolve(DiffusionParams(steps=4, gen_length=256, max_tokens=256, seed=0, **FIXED_STEPS))
@@ -191,7 +192,7 @@ def llada_rows(table: Table, dev, args) -> None:
         print(f"  writing {path} ...", flush=True)
         write_probe(path, qtype="q4_k", n_layer=2, n_embd=4096, n_ff=12288, n_head=32, n_vocab=126464,
                     output_type="q6_k", arch="llada")
-    with DiffusionEngine.load(path, n_threads=args.threads) as engine:
+    with load_engine(path, n_threads=args.threads) as engine:
         shape = shape_of(engine)
         prompt = (np.arange(64) % 1000 + 3).astype(np.int32)
         params = engine.resolve(DiffusionParams(steps=4, gen_length=128, block_length=32, seed=0, early_stop=False))

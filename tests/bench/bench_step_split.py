@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fixtures.gguf_models import TinySpec, write_tiny_gguf  # noqa: E402
-from dgchat.model_backend.engine import DiffusionEngine  # noqa: E402
+from dgchat.model_backend.loader import load_engine  # noqa: E402
 from dgchat.model_backend.events import FinalEvent  # noqa: E402
 from dgchat.model_backend.llamacpp import engine_info  # noqa: E402
 from dgchat.model_backend.params import DiffusionParams  # noqa: E402
@@ -79,14 +79,14 @@ def main() -> None:
           f"{'host share':>10} {'vs host':>7}")
     for path in models:
         with contextlib.ExitStack() as stack:
-            engine = stack.enter_context(DiffusionEngine.load(path, n_threads=args.threads))
+            engine = stack.enter_context(load_engine(path, n_threads=args.threads))
             words = engine.encode("Halt, traveller! None may pass the gate after dark. " * 20)
             prompt = words[: args.prompt_tokens]
             places = ("host", "backend") if engine.backend_sampler else ("host",)
             nodes = None  # the engine whose heads are the graph of nodes
             if engine.backend_sampler and engine_info().patch_level >= 5 and not engine.model.output_on_gpu:
                 places += ("nodes",)
-                nodes = stack.enter_context(DiffusionEngine.load(path, n_threads=args.threads))
+                nodes = stack.enter_context(load_engine(path, n_threads=args.threads))
             for name, cfg in (UNIFORM_CONFIGS if engine.info.uniform_state else CONFIGS).items():
                 host_ms = None
                 for where in places:

@@ -460,11 +460,11 @@ class ProgressLine:
 def check_file(path: Path) -> None:
     """Load the file into dgchat's engine and print the range of the encoder's logits (as
     log-probabilities) and a short diffusion run, to see that activations stay finite."""
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
     from dgchat.model_backend.events import FinalEvent
     from dgchat.model_backend.params import DiffusionParams
 
-    with DiffusionEngine.load(path) as engine:
+    with load_engine(path) as engine:
         rng = np.random.default_rng(0)
         tokens = rng.integers(1000 if engine.model.n_vocab > 2000 else 0, engine.model.n_vocab, 12).astype(np.int32)
         logp = engine.pseudo_log_likelihood(tokens[:4], tokens[4:])

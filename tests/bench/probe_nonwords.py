@@ -31,8 +31,9 @@ from typing import Iterator
 import numpy as np
 
 from dgchat.convert.default_model import word_validity as wv
-from dgchat.model_backend import diffusion_gemma, entropy_bound
+from dgchat.model_backend import diffusion_gemma_denoiser as diffusion_gemma, entropy_bound
 from dgchat.model_backend.engine import DiffusionEngine
+from dgchat.model_backend.loader import load_engine
 from dgchat.model_backend.events import FinalEvent, StepEvent
 from dgchat.model_backend.params import DiffusionParams
 
@@ -154,7 +155,7 @@ def main() -> None:
     words = wv.word_list(train_plays)
     prompts = wv.read_prompts()[: args.prompts]
     seeds = [int(s) for s in args.seeds.split(",")]
-    engine = DiffusionEngine.load(args.model, n_threads=args.threads)
+    engine = load_engine(args.model, n_threads=args.threads)
     try:
         for guard in (False, True):
             r = run(engine, prompts, seeds, words, guard)

@@ -58,12 +58,12 @@ def test_visual_never_prints_special_tokens_nor_past_the_end() -> None:
     """The bundled model decides <pad> and <end_of_turn> mid-answer (checked here on the same run):
     no frame shows their text, and the last frame ends where the answer ends."""
     from dgchat.model_backend.canvas import Cell
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
     from dgchat.model_backend.events import StepEvent
     from dgchat.model_backend.params import DiffusionParams
 
     model, prompt = bundled_model_path(), "Halt, traveller! Who goes there?"
-    with DiffusionEngine.load(model) as engine:
+    with load_engine(model) as engine:
         specials = [engine.piece(t) for t in range(engine.model.n_vocab) if engine.is_special(t)]
         events = list(engine.generate(engine.chat_prompt([{"role": "user", "content": prompt}]),
                                       DiffusionParams(seed=0)))

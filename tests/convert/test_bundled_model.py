@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from dgchat.assets import bundled_model_path
-from dgchat.model_backend.engine import DiffusionEngine
+from dgchat.model_backend.loader import load_engine
 from dgchat.model_backend.events import FinalEvent
 from dgchat.model_backend.gguf_file import read_gguf_header
 from dgchat.model_backend.llamacpp import engine_info
@@ -42,7 +42,7 @@ NPC = [
 
 @pytest.fixture(scope="module")
 def engine():
-    eng = DiffusionEngine.load(MODEL)
+    eng = load_engine(MODEL)
     yield eng
     eng.close()
 

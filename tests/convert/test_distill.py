@@ -56,7 +56,7 @@ def tiny_teacher(tmp_path_factory):
 def test_teacher_answers_are_the_engines_left_to_right_answers(tiny_teacher):
     """Greedy, each answer equals `--ar` decoding of the window's text up to that turn through the
     public engine, whichever sequences shared its batches; an answer that does not end is None."""
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
     from dgchat.model_backend.events import FinalEvent
     from dgchat.model_backend.params import DiffusionParams
 
@@ -67,7 +67,7 @@ def test_teacher_answers_are_the_engines_left_to_right_answers(tiny_teacher):
                                                             batch_tokens=40)}
     assert set(got) == {(w, t) for w in range(len(windows)) for t in range(len(windows.spans(w)))}
     alone = {(w, t): a for w, t, a in distill.teacher_answers(gguf, windows, settings, n_parallel=1, threads=1)}
-    engine = DiffusionEngine.load(gguf, n_threads=1)
+    engine = load_engine(gguf, n_threads=1)
     checked = ended = 0
     for (w, t), answer in sorted(got.items()):
         start = int(windows.spans(w)[t][0])

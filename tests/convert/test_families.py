@@ -225,7 +225,7 @@ def test_sharded_checkpoint_converts_identically(base: Path, tmp_path: Path) -> 
 
 @pytest.mark.parametrize("fam", cc.FAMILIES)
 def test_engine_generates_from_converted_files_with_every_cache(base: Path, fam: str) -> None:
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
     from dgchat.model_backend.events import FinalEvent
     from dgchat.model_backend.llamacpp import engine_info
     from dgchat.model_backend.params import DiffusionParams
@@ -234,7 +234,7 @@ def test_engine_generates_from_converted_files_with_every_cache(base: Path, fam:
     modes = ["none", "prefix"] + (["dual"] if engine_info().noncontiguous_positions else [])
     results = {}
     for cache_capable in (False, True):
-        with DiffusionEngine.load(cc.converted(base, fam, cache_capable), precise=True, n_threads=2) as engine:
+        with load_engine(cc.converted(base, fam, cache_capable), precise=True, n_threads=2) as engine:
             prompt = engine.chat_prompt([{"role": "user", "content": "Halt! Who goes there?"}])
             for mode in modes if cache_capable else ["none"]:
                 final = [e for e in engine.generate(prompt, params.updated(cache=mode)) if isinstance(e, FinalEvent)][0]

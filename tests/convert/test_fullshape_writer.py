@@ -18,7 +18,7 @@ from gguf.quants import dequantize
 
 import bench.make_fullshape_dg as fullshape
 from bench.make_fullshape_dg import TINY, FullShapeSpec, build_plan, embedding_qtype, write_fullshape_dg
-from dgchat.model_backend.engine import DiffusionEngine
+from dgchat.model_backend.loader import load_engine
 from dgchat.model_backend.events import FinalEvent
 from dgchat.model_backend.params import DiffusionParams
 
@@ -35,7 +35,7 @@ def _final(events) -> FinalEvent:
 
 
 def test_loads_as_diffusion_gemma_and_runs(tiny_q4: Path) -> None:
-    with DiffusionEngine.load(tiny_q4) as engine:
+    with load_engine(tiny_q4) as engine:
         assert engine.info.family == "diffusion_gemma"
         assert engine.info.defaults["gen_length"] == TINY["canvas_length"]
         assert engine.model.n_vocab == TINY["n_vocab"]

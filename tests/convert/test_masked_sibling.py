@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from dgchat.convert.default_model import word_validity as wv
-from dgchat.model_backend.engine import DiffusionEngine
+from dgchat.model_backend.loader import load_engine
 from dgchat.model_backend.events import FinalEvent
 from dgchat.model_backend.params import DiffusionParams
 from fixtures.recipe_samples import real_sdist
@@ -32,7 +32,7 @@ WORD_VALIDITY_MIN = 0.9
 
 @pytest.fixture(scope="module")
 def sibling():
-    with DiffusionEngine.load(SIBLING, n_threads=2) as engine:
+    with load_engine(SIBLING, n_threads=2) as engine:
         yield engine
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 import bench.probe_nonwords as probe
-from dgchat.model_backend import diffusion_gemma
+from dgchat.model_backend import diffusion_gemma_denoiser as diffusion_gemma
 from dgchat.model_backend.entropy_bound import EntropyBoundConfig
 from dgchat.model_backend.sampling import RowStats
 

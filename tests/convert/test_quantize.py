@@ -37,7 +37,7 @@ def _logits(path: Path, tokens: np.ndarray | None = None) -> tuple[np.ndarray, n
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K_M"])
 def test_quantize_after_conversion(base: Path, tmp_path: Path, qtype: str) -> None:
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
     from dgchat.model_backend.events import FinalEvent
     from dgchat.model_backend.params import DiffusionParams
 
@@ -63,7 +63,7 @@ def test_quantize_after_conversion(base: Path, tmp_path: Path, qtype: str) -> No
     _, out = _logits(res.output, tokens)
     rel = float(np.sqrt(((out - ref) ** 2).mean() / (ref ** 2).mean()))
     assert rel < BOUNDS[qtype], rel
-    with DiffusionEngine.load(res.output, n_threads=2) as engine:
+    with load_engine(res.output, n_threads=2) as engine:
         final = [e for e in engine.generate(engine.encode("Halt!"), DiffusionParams(gen_length=16, steps=8, seed=3))
                  if isinstance(e, FinalEvent)][0]
         assert final.stats.steps == 8 and final.tokens.size > 0

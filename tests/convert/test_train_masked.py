@@ -291,12 +291,12 @@ def test_cache_capable_gguf_logits_match_the_torch_model(exported: tuple[Path, P
 
 
 def test_engine_generates_with_prefix_cache_and_threshold(exported: tuple[Path, Path]) -> None:
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
     from dgchat.model_backend.events import FinalEvent
     from dgchat.model_backend.params import DiffusionParams
 
     _, gguf = exported
-    with DiffusionEngine.load(gguf, precise=True, n_threads=1) as engine:
+    with load_engine(gguf, precise=True, n_threads=1) as engine:
         assert engine.info.has_kv_memory
         # the turn end stops an answer, and so does the <eos> fill after it
         assert engine.is_end(dtok.END_OF_TURN) and engine.is_end(tm.FILL) and not engine.is_end(dtok.MASK)

@@ -138,11 +138,11 @@ def test_prompt_file_is_rebuilt_from_the_plays_and_disjoint_from_training_text()
 
 @pytest.mark.skipif(MODEL is None, reason="this installation has no bundled model")
 def test_two_prompts_on_the_bundled_model_score_both_decodings():
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
 
     prompts = wv.read_prompts()[:2]
     vocabulary = frozenset({"i", "am", "the", "a", "my", "lord", "sir", "and", "you", "of", "to"})
-    with DiffusionEngine.load(MODEL) as engine:
+    with load_engine(MODEL) as engine:
         report = wv.measure(engine, prompts, vocabulary, seeds=(0, 1))
     answers = report["answers"]
     assert [(a["prompt"], a["seed"], a["mode"]) for a in answers] == [
@@ -194,11 +194,11 @@ def test_set_parses_sampler_settings_and_refuses_unknown_names():
 
 @pytest.mark.skipif(MODEL is None, reason="this installation has no bundled model")
 def test_a_sweep_changes_only_the_diffusion_side():
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
 
     prompts = wv.read_prompts()[:1]
     vocabulary = frozenset({"i", "the"})
-    with DiffusionEngine.load(MODEL) as engine:
+    with load_engine(MODEL) as engine:
         one = wv.measure(engine, prompts, vocabulary, seeds=(0,), diffusion_settings={"steps": 1},
                          modes=("diffusion",))
         many = wv.measure(engine, prompts, vocabulary, seeds=(0,), diffusion_settings={"steps": 24},
@@ -216,10 +216,10 @@ def test_every_prompt_and_seed_gets_its_own_starting_canvas():
 
 @pytest.mark.skipif(MODEL is None, reason="this installation has no bundled model")
 def test_the_engine_sees_one_seed_per_prompt_and_seed():
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
 
     seen = []
-    with DiffusionEngine.load(MODEL) as engine:
+    with load_engine(MODEL) as engine:
         generate = engine.generate
 
         def recording(ids, params):

@@ -25,11 +25,11 @@ MEMORY_LIMIT = 6 * 1024**3  # a case that needs more is a failure (MemoryError),
 
 
 def _gguf(request: dict) -> None:
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
     from dgchat.model_backend.events import FinalEvent
     from dgchat.model_backend.params import DiffusionParams
 
-    engine = DiffusionEngine.load(request["path"], n_threads=1)
+    engine = load_engine(request["path"], n_threads=1)
     try:
         engine.resolve(DiffusionParams())  # the file's own defaults, as `dgchat generate` would use them
         prompt = engine.chat_prompt([{"role": "system", "content": "You are a guard."},

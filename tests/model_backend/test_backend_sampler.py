@@ -26,6 +26,7 @@ import pytest
 from dgchat.model_backend import llamacpp as L
 from dgchat.model_backend import sampling
 from dgchat.model_backend.engine import DiffusionEngine
+from dgchat.model_backend.loader import load_engine
 from dgchat.model_backend.errors import InvalidParameterError
 from dgchat.model_backend.events import FinalEvent
 from dgchat.model_backend.params import DiffusionParams
@@ -48,7 +49,7 @@ def wide_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def bundled() -> DiffusionEngine:
-    engine = DiffusionEngine.load(BUNDLED)
+    engine = load_engine(BUNDLED)
     yield engine
     engine.close()
 
@@ -176,7 +177,7 @@ def test_one_pass_head_gives_the_same_generations(monkeypatch) -> None:
     runs = {}
     for fused in ("1", "0"):
         monkeypatch.setenv("DGCHAT_FUSED_HEAD", fused)
-        engine = DiffusionEngine.load(BUNDLED, n_threads=2)
+        engine = load_engine(BUNDLED, n_threads=2)
         try:
             prompt = engine.chat_prompt([{"role": "user", "content": PROMPT}])
             runs[fused] = [_final(engine, prompt, DiffusionParams(seed=seed, max_tokens=64, **temps))
@@ -202,7 +203,7 @@ ALGORITHMS = [
 @pytest.mark.parametrize("cfg", range(len(ALGORITHMS)))
 def test_masked_generations_are_the_same_tokens_on_both_paths(cfg, wide_gguf, llama_nc_gguf) -> None:
     for path in (wide_gguf, llama_nc_gguf):  # no KV memory (llada) and with it (prefix cache)
-        with DiffusionEngine.load(path, n_threads=2) as engine:
+        with load_engine(path, n_threads=2) as engine:
             prompt = engine.encode("Halt, traveller! None may pass the gate after dark.")
             base = dict(gen_length=32, steps=16, max_tokens=32, seed=cfg + 3, logit_bias=((5, 1.0),),
                         **ALGORITHMS[cfg])
@@ -220,7 +221,7 @@ def test_masked_generations_are_the_same_tokens_on_both_paths(cfg, wide_gguf, ll
 
 
 def test_masked_batch_on_the_backend_matches_single_generations(llama_nc_gguf) -> None:
-    with DiffusionEngine.load(llama_nc_gguf, n_threads=2) as engine:
+    with load_engine(llama_nc_gguf, n_threads=2) as engine:
         prompts = [engine.encode("Halt, traveller!"), engine.encode("Good morrow, friend. The king sleeps.")]
         params = [DiffusionParams(gen_length=32, steps=16, seed=s, temperature=0.6, top_k=30) for s in (1, 2)]
         singles = [_final(engine, p, q).tokens for p, q in zip(prompts, params)]
@@ -259,7 +260,7 @@ def dg_tiny(tmp_path_factory: pytest.TempPathFactory) -> DiffusionEngine:
     pytest.importorskip("torch")
     from fixtures.dg_cache import converted
 
-    engine = DiffusionEngine.load(converted(tmp_path_factory.mktemp("dg-backend"), "sw8"), n_threads=2)
+    engine = load_engine(converted(tmp_path_factory.mktemp("dg-backend"), "sw8"), n_threads=2)
     yield engine
     engine.close()
 
@@ -342,7 +343,7 @@ def test_soft_embedding_top_k_form_against_the_exact_product(bundled) -> None:
 
 
 def test_backend_path_never_builds_the_float32_embedding() -> None:
-    with DiffusionEngine.load(BUNDLED, n_threads=2) as engine:
+    with load_engine(BUNDLED, n_threads=2) as engine:
         prompt = engine.chat_prompt([{"role": "user", "content": PROMPT}])
         final = _final(engine, prompt, DiffusionParams(max_tokens=32))
         assert final.stats.sampler_on == "backend"
@@ -352,14 +353,14 @@ def test_backend_path_never_builds_the_float32_embedding() -> None:
 
 
 def test_stock_engine_falls_back_to_numpy(llama_nc_gguf) -> None:
-    with DiffusionEngine.load(BUNDLED, n_threads=2) as engine:
+    with load_engine(BUNDLED, n_threads=2) as engine:
         engine.backend_sampler = False  # what a plain PyPI llama-cpp-python reports
         prompt = engine.chat_prompt([{"role": "user", "content": PROMPT}])
         final = _final(engine, prompt, DiffusionParams(max_tokens=32))
         assert final.stats.sampler_on == "host" and final.tokens.size > 0
         with pytest.raises(InvalidParameterError, match="sampler-on backend"):
             engine.resolve(DiffusionParams(sampler_on="backend"))
-    with DiffusionEngine.load(llama_nc_gguf, n_threads=2) as engine:
+    with load_engine(llama_nc_gguf, n_threads=2) as engine:
         engine.backend_sampler = False
         final = _final(engine, engine.encode("Halt!"), DiffusionParams(gen_length=16, steps=8))
         assert final.stats.sampler_on == "host"

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dgchat.model_backend.engine import DiffusionEngine  # noqa: E402
+from dgchat.model_backend.loader import load_engine  # noqa: E402
 from dgchat.model_backend.entropy_bound import (  # noqa: E402
     EntropyBoundConfig,
     StabilityTracker,
@@ -18,7 +18,7 @@ from dgchat.model_backend.entropy_bound import (  # noqa: E402
 )
 from dgchat.model_backend.events import FinalEvent, StepEvent  # noqa: E402
 from dgchat.model_backend.llamacpp import engine_info  # noqa: E402
-from dgchat.model_backend.masked_diffusion import CanvasTemplate  # noqa: E402
+from dgchat.model_backend.requests import CanvasTemplate  # noqa: E402
 from dgchat.model_backend.params import DiffusionParams  # noqa: E402
 from fixtures.dg_cache import checkpoint, converted  # noqa: E402
 
@@ -117,7 +117,7 @@ def test_whole_generation_matches_transformers(dg_files, name: str) -> None:
     Both start from the same canvas; the outputs must be the same tokens on the exact engine."""
     from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSamplerConfig
 
-    with DiffusionEngine.load(dg_files[name], precise=True) as engine:
+    with load_engine(dg_files[name], precise=True) as engine:
         L = int(engine.resolve().gen_length)
         prompt = engine.chat_prompt([{"role": "user", "content": "what is the answer?"}])
         initial = np.random.default_rng(7).integers(0, engine.model.n_vocab, L).astype(np.int32)
@@ -162,7 +162,7 @@ def test_diffusion_gemma_cli_and_ar(dg_files) -> None:
 def test_pad_bias_moves_the_pad_token_while_denoising_only(dg_files) -> None:
     """A large pad bias fills every canvas with pads; a ban in logit_bias still wins over it; --ar
     never reads it (random weights: the pad is one token of 384 otherwise)."""
-    with DiffusionEngine.load(dg_files["sw64"]) as engine:
+    with load_engine(dg_files["sw64"]) as engine:
         pad = engine.model.pad
         assert pad is not None and engine.resolve().pad_bias == 0.0
         prompt = engine.chat_prompt([{"role": "user", "content": "hello world"}])
@@ -183,7 +183,7 @@ def test_ar_mode_equals_causal_greedy_decoding(dg_files) -> None:
     """--ar is the encoder as a causal LM: greedy tokens equal transformers' encoder argmax chain."""
     from fixtures.dg_reference import Reference
 
-    with DiffusionEngine.load(dg_files["sw64"], precise=True) as engine:
+    with load_engine(dg_files["sw64"], precise=True) as engine:
         prompt = engine.chat_prompt([{"role": "user", "content": "hello world"}])
         final = [e for e in engine.generate(prompt, DiffusionParams(autoregressive=True, max_tokens=8))
                  if isinstance(e, FinalEvent)][0]

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from dgchat.model_backend.engine import DiffusionEngine
+from dgchat.model_backend.loader import load_engine
 from dgchat.model_backend.events import FinalEvent
 from dgchat.model_backend.params import DiffusionParams
 
@@ -38,7 +39,7 @@ def _answer(engine: DiffusionEngine, prompt, **kw) -> FinalEvent:
 
 
 def test_a_late_watcher_does_not_cancel_the_next_generation(llada_gguf: Path) -> None:
-    with DiffusionEngine.load(llada_gguf, n_threads=1) as engine:
+    with load_engine(llada_gguf, n_threads=1) as engine:
         prompt = engine.chat_prompt([{"role": "user", "content": "Who goes there?"}])
         first = _answer(engine, prompt)
         cancel = LateCancel()

@@ -7,17 +7,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dgchat.model_backend.engine import DiffusionEngine
+from dgchat.model_backend.loader import load_engine
 from dgchat.model_backend.events import FinalEvent, StepEvent
 from dgchat.model_backend.llamacpp import engine_info
 from dgchat.model_backend.logits_source import LlamaLogits
-from dgchat.model_backend.masked_diffusion import LogitsRequest
+from dgchat.model_backend.requests import LogitsRequest
 from dgchat.model_backend.params import DiffusionParams
 
 
 @pytest.fixture(scope="module")
 def llama_engine(llama_nc_gguf: Path):
-    with DiffusionEngine.load(llama_nc_gguf) as engine:
+    with load_engine(llama_nc_gguf) as engine:
         yield engine
 
 
@@ -87,7 +87,7 @@ def test_prefix_cache_decodes_fewer_tokens(llama_engine) -> None:
         src = LlamaLogits(llama_engine, mode)
         sizes = []
         orig = llama_engine._ctx.decode_tokens if llama_engine._ctx else None
-        ctx = llama_engine._context_for(512)
+        ctx = llama_engine.context_for(512)
 
         def spy(tokens, positions, **kw):
             sizes.append(len(tokens))
@@ -110,7 +110,7 @@ def test_batched_equals_unbatched(request, fixture: str) -> None:
     """A batch changes the shapes of llama.cpp's matrix products, so logits agree to ~1e-5 (f32
     cache), not bit for bit: the precise engine keeps that from flipping a sampled token."""
     path = request.getfixturevalue(fixture)
-    with DiffusionEngine.load(path, precise=True) as engine:
+    with load_engine(path, precise=True) as engine:
         prompts = [engine.encode(t) for t in ("Halt, traveller!", "Good morrow.", "Once upon a time a dragon")]
         params = [DiffusionParams(gen_length=24, block_length=8, steps=12, seed=s, temperature=0.7, max_tokens=48)
                   for s in (1, 2, 3)]
@@ -133,7 +133,7 @@ def test_auto_cache_is_prefix_only_with_kv_memory(llama_engine, llada_gguf: Path
     assert llama_engine.resolve(DiffusionParams(cache="none")).cache == "none"
     reference = llama_engine.resolve(DiffusionParams(mode="reference", eps=1e-3))
     assert reference.cache == "none"  # reference mode always recomputes: its output never changes
-    with DiffusionEngine.load(llada_gguf) as llada:  # no KV memory in llama.cpp's llada graph
+    with load_engine(llada_gguf) as llada:  # no KV memory in llama.cpp's llada graph
         assert llada.resolve(DiffusionParams()).cache == "none"
     # the default run is the prefix-cached one, token for token
     prompt = llama_engine.encode("Halt! Who goes there?")

@@ -140,10 +140,10 @@ def test_abort_flag_stops_a_decode_and_clears(models) -> None:
 def test_the_vocabulary_after_close_is_an_error_not_a_crash(llada_gguf: Path) -> None:
     """llama.cpp frees the vocabulary with the model: a piece asked for after close() would go
     through a stale pointer (a segfault seen in a test); it is an EngineError instead."""
-    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.model_backend.loader import load_engine
     from dgchat.model_backend.errors import EngineError
 
-    with DiffusionEngine.load(llada_gguf, n_threads=1) as engine:
+    with load_engine(llada_gguf, n_threads=1) as engine:
         assert engine.model.token_piece(5)
     for call in (lambda: engine.model.token_piece(6), lambda: engine.model.tokenize("hi"),
                  lambda: engine.model.is_eog(1)):

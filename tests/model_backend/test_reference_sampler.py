@@ -18,7 +18,7 @@ import pytest
 
 from fixtures.llama_reference import build_harness, run_llama_diffusion
 from dgchat.model_backend import llamacpp, reference_sampler
-from dgchat.model_backend.engine import DiffusionEngine
+from dgchat.model_backend.loader import load_engine
 from dgchat.model_backend.errors import EngineError
 from dgchat.model_backend.events import FinalEvent
 from dgchat.model_backend.params import DiffusionParams
@@ -60,7 +60,7 @@ def test_same_tokens_as_llama_cpp(harness: Path, llada_gguf: Path, dream_gguf: P
     if chain == "numpy":  # the engine asks for "auto": make the numpy chain the one available
         monkeypatch.setattr(reference_sampler, "_llama_chain_available", lambda: False)
     path = llada_gguf if arch == "llada" else dream_gguf
-    with DiffusionEngine.load(path) as engine:
+    with load_engine(path) as engine:
         prompt = engine.encode("Halt, traveller! None may pass")
         if schedule == "block":
             extra, steps, L = dict(block_length=16), 16, 64 - prompt.size

@@ -10,7 +10,8 @@ import pytest
 from dgchat.model_backend import sampling, schedules
 from dgchat.model_backend.canvas import Canvas, Cell
 from dgchat.model_backend.events import FinalEvent, StepEvent
-from dgchat.model_backend.masked_diffusion import MaskedSetup, first_end, run_masked
+from dgchat.model_backend.masked_diffusion import first_end, run_masked
+from dgchat.model_backend.requests import MaskedSetup
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.model_backend.errors import InvalidParameterError
 
@@ -103,8 +104,8 @@ class ScriptedLogits:
         self.prompt_len, self.script, self.shift = prompt_len, script, shift
         self.calls: list[tuple[np.ndarray, np.ndarray]] = []
 
-    def batch_logits(self, requests):
-        return [self.logits(r) for r in requests]
+    def answer(self, requests):
+        return [self.logits(r) for _, r in requests]
 
     def logits(self, request) -> np.ndarray:
         sequence, rows = request.sequence, request.rows
@@ -194,6 +195,9 @@ def test_cfg_combines_conditional_and_unconditional() -> None:
     class Src:
         def __init__(self):
             self.seqs = []
+
+        def answer(self, requests):
+            return [self.logits(r) for _, r in requests]
 
         def logits(self, request):
             sequence, rows = request.sequence, request.rows

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dgchat.model_backend.engine import DiffusionEngine
+from dgchat.model_backend.loader import load_engine
 from dgchat.model_backend.errors import GenerationCancelled
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.npc import banned as banned_module
@@ -27,7 +27,7 @@ GUARD = parse_card({"id": "gate_guard", "name": "Captain Brann", "role": "the ni
 
 @pytest.fixture(scope="module")
 def engine(llada_gguf: Path):
-    with DiffusionEngine.load(llada_gguf, n_threads=1) as e:  # 1 thread: no spin-waits on a busy 2-core box
+    with load_engine(llada_gguf, n_threads=1) as e:  # 1 thread: no spin-waits on a busy 2-core box
         yield e
 
 
@@ -145,7 +145,7 @@ def test_variants_are_distinct_under_different_seeds_and_identical_under_the_sam
 
 
 def test_a_variant_does_not_depend_on_its_batch_on_the_precise_engine(llada_gguf: Path) -> None:
-    with DiffusionEngine.load(llada_gguf, precise=True, n_threads=1) as engine:
+    with load_engine(llada_gguf, precise=True, n_threads=1) as engine:
         g = NpcGenerator(engine)
         batch = g.generate(LineSpec(GUARD, length=16, count=3, seed=5))
         alone = g.generate(LineSpec(GUARD, length=16, count=1, seed=7))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from dgchat.assets import bundled_model_path
 from dgchat.model_backend.canvas import CanvasSnapshot, Cell
-from dgchat.model_backend.engine import DiffusionEngine
+from dgchat.model_backend.loader import load_engine
 from dgchat.model_backend.errors import InvalidParameterError
 from dgchat.model_backend.events import FinalEvent, StepEvent, StepTiming
 from dgchat.model_backend.params import DiffusionParams
@@ -57,7 +57,7 @@ def bundled_run():
     path = bundled_model_path()
     if path is None:
         pytest.skip("this installation has no bundled model")
-    with DiffusionEngine.load(path) as engine:
+    with load_engine(path) as engine:
         events, final = run(engine, "Halt, traveller! Who goes there?", DiffusionParams(seed=0))
         yield engine, events, final
 
@@ -82,7 +82,7 @@ def test_history_rebuilds_every_step_of_the_bundled_model(bundled_run):
 
 
 def test_history_of_a_masked_model_over_several_canvases(llada_gguf):
-    with DiffusionEngine.load(llada_gguf) as engine:
+    with load_engine(llada_gguf) as engine:
         ends = [t for t in range(engine.model.n_vocab) if engine.is_end(t)]
         params = DiffusionParams(steps=8, gen_length=16, max_tokens=40, seed=1,
                                  logit_bias=tuple((t, -100.0) for t in ends))

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from fixtures.fake_openai import FakeServer, Reply
 
-from dgchat.model_backend.engine import DiffusionEngine
+from dgchat.model_backend.loader import load_engine
 from dgchat.model_backend.errors import InvalidParameterError
 from dgchat.npc.cards import load_cards
 from dgchat.npc.export import build_export, export_json
@@ -62,7 +62,7 @@ def specs(files) -> list:
 
 @pytest.fixture(scope="module")
 def local_export(specs, llada_gguf: Path) -> str:
-    with DiffusionEngine.load(llada_gguf, n_threads=1) as engine:
+    with load_engine(llada_gguf, n_threads=1) as engine:
         batches = [NpcGenerator(engine).generate(s) for s in specs]
     for b in batches:
         b.keep_all()
@@ -136,7 +136,7 @@ def test_a_server_killed_mid_batch(two_servers, specs, local_export: str) -> Non
 
 def test_npc_command_on_two_servers(files, llada_gguf: Path, local_export: str, tmp_path: Path) -> None:
     cards, lines = files
-    with DiffusionEngine.load(llada_gguf, n_threads=1) as a, DiffusionEngine.load(llada_gguf, n_threads=1) as b:
+    with load_engine(llada_gguf, n_threads=1) as a, load_engine(llada_gguf, n_threads=1) as b:
         with ServerThread(a, ServeConfig(port=0, quiet=True)) as one, ServerThread(b, ServeConfig(port=0, quiet=True)) as two:
             out = tmp_path / "lines.json"
             res = subprocess.run([sys.executable, "-m", "dgchat", "npc", "--cards", str(cards), "--template",

@@ -15,6 +15,7 @@ from fixtures.fake_openai import SilentServer, free_port
 
 from dgchat.model_backend.canvas_view import shown_cells
 from dgchat.model_backend.engine import DiffusionEngine
+from dgchat.model_backend.loader import load_engine
 from dgchat.model_backend.events import FinalEvent, StepEvent
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.remote import AuthRejected, RemoteEngine
@@ -178,7 +179,7 @@ def test_the_app_s_engine_protocol_and_chat_job(server) -> None:
     """RemoteEngine has every member of the app's Engine Protocol, and the chat's job runs on it
     unchanged: steps recorded for the live view, the answer as its result (app/session.py lends
     the engine; here the test does)."""
-    from dgchat.app.engine_protocol import Engine
+    from dgchat.model_backend.engine_protocol import Engine
     from dgchat.app.generation import ChatAnswer
 
     members = {n for n in vars(Engine) if not n.startswith("_")} | set(Engine.__annotations__)
@@ -232,7 +233,7 @@ def test_diffusion_gemma_over_the_wire() -> None:
         pytest.skip("no bundled model in this installation")
     params = DiffusionParams(seed=2, max_tokens=48)
     messages = [{"role": "user", "content": "Write a line for a guard."}]  # an answer whose accepted words change
-    with DiffusionEngine.load(path, n_threads=1) as engine:
+    with load_engine(path, n_threads=1) as engine:
         assert engine.info.uniform_state
         local = list(engine.generate(engine.chat_prompt(messages), engine.resolve(params)))
         with ServerThread(engine, ServeConfig(port=0, quiet=True)) as st, RemoteEngine.connect(st.url) as remote:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from dgchat.model_backend.engine import DiffusionEngine
+from dgchat.model_backend.loader import load_engine
 from dgchat.model_backend.events import FinalEvent
 from dgchat.server.app import ServeConfig, ServerThread
 
@@ -22,7 +23,7 @@ BODY = {"messages": [{"role": "user", "content": "Who goes there?"}], "max_token
 @pytest.fixture()
 def slow_engine(llada_gguf: Path, monkeypatch) -> Iterator[tuple[DiffusionEngine, list]]:
     """The real engine, 50 ms slower per step; records for each step whether cancel was already set."""
-    with DiffusionEngine.load(llada_gguf, n_threads=1) as engine:
+    with load_engine(llada_gguf, n_threads=1) as engine:
         trace: list = []
         generate = engine.generate
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from dgchat.model_backend.engine import DiffusionEngine
+from dgchat.model_backend.loader import load_engine
 from dgchat.model_backend.errors import InvalidParameterError
 from dgchat.server import openai_api
 from dgchat.server.app import ServeConfig, ServerThread
@@ -24,7 +25,7 @@ CHAT = {"messages": [{"role": "system", "content": "You are a guard."}, {"role":
 @pytest.fixture(scope="module")
 def engine(llada_gguf: Path) -> Iterator[DiffusionEngine]:
     # precise: n choices in one batch equal single requests; 1 thread: no spin-waits on a busy box
-    with DiffusionEngine.load(llada_gguf, precise=True, n_threads=1) as e:
+    with load_engine(llada_gguf, precise=True, n_threads=1) as e:
         yield e
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from dgchat.assets import bundled_model_path
-from dgchat.model_backend.engine import DiffusionEngine
+from dgchat.model_backend.loader import load_engine
 from dgchat.model_backend.errors import InvalidParameterError
 from dgchat.model_backend.params import MIN_TEMPERATURE, DiffusionParams
 from dgchat.server.app import ServeConfig, ServerThread
@@ -25,7 +25,7 @@ TEMPLATE = {"template": "Halt, {player}! None may pass the {___} after dark.", "
 
 @pytest.fixture(scope="module")
 def server(llada_gguf: Path) -> Iterator[ServerThread]:
-    with DiffusionEngine.load(llada_gguf, n_threads=1) as engine:
+    with load_engine(llada_gguf, n_threads=1) as engine:
         with ServerThread(engine, ServeConfig(port=0, quiet=True)) as st:
             yield st
 
@@ -86,7 +86,7 @@ def test_bundled_model_infill_without_numpy_warnings(place) -> None:
 
     if place == "backend" and not llamacpp.engine_info().backend_sampler:
         pytest.skip("this llama-cpp-python has no diffusion head")
-    with DiffusionEngine.load(bundled_model_path(), n_threads=2) as engine, warnings.catch_warnings():
+    with load_engine(bundled_model_path(), n_threads=2) as engine, warnings.catch_warnings():
         warnings.simplefilter("error")
         spec = LineSpec(card=parse_card({"name": "Captain Brann"}), template=TEMPLATE["template"],
                         variables={"player": "Aria"}, count=2, seed=5, params=DiffusionParams(sampler_on=place))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dgchat.model_backend.engine import DiffusionEngine
+from dgchat.model_backend.loader import load_engine
 from dgchat.server.app import ServeConfig, ServerThread
 
 openai = pytest.importorskip("openai")
@@ -18,7 +18,7 @@ MESSAGES = [{"role": "system", "content": "You are a guard."}, {"role": "user", 
 
 @pytest.fixture(scope="module")
 def client(llama_nc_gguf: Path) -> Iterator:
-    with DiffusionEngine.load(llama_nc_gguf, n_threads=1) as engine:
+    with load_engine(llama_nc_gguf, n_threads=1) as engine:
         with ServerThread(engine, ServeConfig(port=0, quiet=True, token=TOKEN, max_queue=2)) as st:
             yield openai.OpenAI(base_url=st.url + "/v1", api_key=TOKEN, max_retries=0, timeout=60)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from dgchat.model_backend.engine import DiffusionEngine
+from dgchat.model_backend.loader import load_engine
 from dgchat.server.app import ServeConfig, ServerThread
 
 CHAT = {"messages": [{"role": "user", "content": "Who goes there?"}], "max_tokens": 8, "seed": 3}
@@ -25,7 +26,7 @@ CHAT = {"messages": [{"role": "user", "content": "Who goes there?"}], "max_token
 
 @pytest.fixture(scope="module")
 def engine(llada_gguf: Path) -> Iterator[DiffusionEngine]:
-    with DiffusionEngine.load(llada_gguf, n_threads=1) as e:
+    with load_engine(llada_gguf, n_threads=1) as e:
         yield e
 
 

@@ -1,0 +1,47 @@
+"""`load_engine`: a model file loaded by the engine class of its family.
+
+The engine classes know nothing of each other (DiffusionGemmaEngine extends DiffusionEngine; the
+base never names it): this module reads the file's header, asks model_info which family the model
+is, and loads it with that family's class. Everything that opens a model file for generation calls
+this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from dgchat.model_backend.diffusion_gemma import DiffusionGemmaEngine
+from dgchat.model_backend.engine import DiffusionEngine
+from dgchat.model_backend.gguf_file import read_gguf_header
+from dgchat.model_backend.model_info import ModelInfo, inspect_header
+from dgchat.model_backend.params import check_threads
+
+# ModelInfo.family -> the class that runs it
+ENGINE_CLASSES: dict[str, type[DiffusionEngine]] = {
+    DiffusionEngine.family: DiffusionEngine,
+    DiffusionGemmaEngine.family: DiffusionGemmaEngine,
+}
+
+
+def engine_class(info: ModelInfo) -> type[DiffusionEngine]:
+    """The engine class that runs a model of this kind."""
+    return ENGINE_CLASSES[info.family]
+
+
+def load_engine(
+    path: str | Path,
+    *,
+    n_gpu_layers: int | None = None,
+    n_threads: int | None = None,
+    progress: Callable[[float], bool] | None = None,
+    precise: bool = False,
+    rpc_servers: str | Sequence[str] | None = None,
+) -> DiffusionEngine:
+    """Load the model at `path` with its family's engine (arguments: DiffusionEngine.load). An
+    unsupported or broken file is refused from its header, before llama.cpp loads anything."""
+    check_threads(n_threads, "threads")  # before the model loads (the flags and config are checked earlier)
+    header = read_gguf_header(path)
+    info = inspect_header(header)  # refuse unsupported models before llama.cpp loads anything
+    return engine_class(info).open(path, header, info, n_gpu_layers=n_gpu_layers, n_threads=n_threads,
+                                   progress=progress, precise=precise, rpc_servers=rpc_servers)

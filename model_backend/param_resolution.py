@@ -41,6 +41,10 @@ FLAG = "flag"
 DERIVED = "derived"
 DEFAULT = "default"
 SERVER = "server"
+# a feature's own settings: the drafting screen's proposals, NPC lines (their place in the order is the
+# caller's: a default below the config, or fixed above everything, e.g. a proposal's seed)
+DRAFTING = "drafting"
+NPC = "npc"
 # the caller's layers, lowest first (a later layer overrides an earlier one)
 USER_SOURCES = (CONFIG, CHAT, CARD, REQUEST, FLAG)
 
@@ -280,17 +284,20 @@ _MISSING = object()
 
 
 def resolved_for(engine: Any, layers: Sequence[Layer], *, precise: tuple[bool, str] | None = None,
-                 unknown: str = DERIVED) -> ResolvedParams:
+                 unknown: str = DERIVED, remote: bool = False) -> ResolvedParams:
     """`engine.resolve` on the merged layers (the values are the engine's, with its own checks) and
     the source of each. A local engine resolves by `resolve_params`, whose sources are exact; for
-    other engines (a remote server) the sources are credited by `explain`."""
+    other engines the sources are credited by `explain`. remote: a server's model, whose settings
+    no layer chose are the server's ("server")."""
     merged, _ = merge(layers)
     final = engine.resolve(merged)
+    if remote:
+        return explain(final, layers, precise=precise, unknown=SERVER)
     info = getattr(engine, "info", None)
     if info is not None and getattr(info, "defaults", None) is not None:
         try:
             tracked = resolve_params(info, layers, precise=precise)
-        except InvalidParameterError:
+        except (InvalidParameterError, TypeError, ValueError):  # not a model these rules know
             tracked = None
         if tracked is not None and tracked.params == final:
             return tracked

@@ -1098,6 +1098,25 @@ class ChatScreen(Screen):
             return
         self.session.load(wanted, force=True)
 
+    def action_toggle_precise(self) -> None:
+        """Exact mode on or off (config.toml's [engine] precise), then the model again with it."""
+        from dgchat.app.model_ops import save_precise
+
+        config = self.app.config
+        precise = not bool(config.precise)
+        try:
+            save_precise(config.path, precise)
+        except DgchatError as exc:
+            self.notify(str(exc), severity="error")
+            return
+        config.precise = precise
+        served_now = served(self.session.engine) is not None
+        self.notify(("Precise mode on: f32 KV cache, no flash attention." if precise else
+                     "Precise mode off: f16 KV cache, flash attention on auto.")
+                    + (" A server's model runs as the server says (dgchat serve --precise)." if served_now else ""))
+        if not served_now and not self._busy():
+            self.action_reload_model()
+
     def action_model_info(self) -> None:
         engine = self.session.engine
         if engine is None:

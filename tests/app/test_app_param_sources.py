@@ -51,3 +51,38 @@ async def test_model_info_lists_each_setting_with_its_source(home, llada_gguf):
         assert ["canvas", "length", "16", "(config)"] in lines
         assert ["exact", "mode", "(--precise)", "true", "(config)"] in lines
         assert not any("seed" in line for line in lines)  # nobody chose it: dgchat's default
+
+
+def test_save_precise_keeps_the_rest_of_the_file(tmp_path):
+    from dgchat.app.model_ops import save_precise
+    from dgchat.config import load_config
+
+    path = tmp_path / "config.toml"
+    path.write_text("# mine\ntheme = \"dark\"\n\n[engine]  # how models run\nprecise = false\n\n[sampler]\nsteps = 8\n")
+    save_precise(path, True)
+    text = path.read_text()
+    assert "# mine" in text and "# how models run" in text and text.count("precise") == 1
+    config = load_config(path)
+    assert config.precise is True and config.sampler == {"steps": 8} and config.theme == "textual-dark"
+    fresh = tmp_path / "new.toml"
+    save_precise(fresh, False)
+    assert load_config(fresh).precise is False
+
+
+async def test_the_precise_command_saves_the_setting_and_reloads_the_model(tmp_path, monkeypatch, llada_gguf):
+    from fixtures.app_harness import wait_for
+
+    from dgchat.config import load_config
+
+    home = setup_home(tmp_path, monkeypatch)  # no [engine] table: off
+    app = make_app(llada_gguf)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_model(pilot)
+        assert app.session.engine.precise is False
+        first = app.session.engine
+        app.chat_screen.action_toggle_precise()
+        await wait_for(pilot, lambda: app.session.engine is not None and app.session.engine is not first
+                       and app.session.engine.precise, what="the model loaded again, precise")
+        assert load_config(home / "config" / "config.toml").precise is True
+        table = app.chat_screen.resolved_params(app.session.engine).table()
+        assert table["precise"] == {"value": True, "source": "config"}

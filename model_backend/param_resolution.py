@@ -57,6 +57,7 @@ UNIFORM_MIN_MAX_TOKENS = 256  # DiffusionGemma: an answer may continue past a sh
 
 _PLAIN = DiffusionParams()
 _FIELDS = tuple(f.name for f in fields(DiffusionParams))
+_MISSING = object()  # a layer that does not set a field (None is a value a layer may hold)
 
 
 @dataclass(frozen=True)
@@ -107,20 +108,6 @@ class ResolvedParams:
         if self.precise is not None:
             out["precise"] = {"value": self.precise, "source": self.precise_source}
         return out
-
-    def rows(self) -> list[tuple[str, str, str]]:
-        """(name, value as text, source) per setting, for tables in the app."""
-        return [(name, _text(row["value"]), row["source"]) for name, row in self.table().items()]
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, list):
-        return f"{len(value)} entries" if value else "none"
-    return str(value)
 
 
 # -- the layers ------------------------------------------------------------------------------------
@@ -188,7 +175,6 @@ def resolve_params(info: Any, layers: Sequence[Layer] | DiffusionParams | None =
     if isinstance(layers, DiffusionParams) or layers is None:
         layers = [Layer.of(REQUEST, layers)]
     params, sources = merge(layers)
-    # a DiffusionParams passed as one layer keeps its explicit non-default values (cfg_scale ...)
     filling = _Filling(params, sources)
     family, from_file = model_layers(info)
     if info.family == "diffusion_gemma":
@@ -256,31 +242,24 @@ def explain(final: DiffusionParams, layers: Sequence[Layer], info: Any = None, *
             precise: tuple[bool, str] | None = None, unknown: str = DERIVED) -> ResolvedParams:
     """Sources for parameters resolved elsewhere (a remote server's rules, a canvas fitted to the
     answer): each value is credited to the highest layer that set that very value, else to the
-    model's layers (with `info`), else to `unknown`."""
-    sources: dict[str, str] = {}
-    model: list[Layer] = []
+    model's layers (with `info`: the file's, then the family's), else to `unknown` ("default" for
+    DiffusionParams' own default values)."""
+    candidates = list(reversed(list(layers)))  # the highest layer first
     if info is not None and getattr(info, "defaults", None) is not None:
         family, from_file = model_layers(info)
         fallback = UNIFORM_FALLBACK if getattr(info, "family", None) == "diffusion_gemma" else MASKED_FALLBACK
-        model = [Layer(FAMILY_DEFAULT, {**fallback, **family.values}), from_file]
-    ordered = list(layers) + model[::-1]  # wins first: the caller's layers top-down, then file, family
+        candidates += [from_file, Layer(FAMILY_DEFAULT, {**fallback, **family.values})]
+    sources: dict[str, str] = {}
     for name in _FIELDS:
         value = getattr(final, name)
         if value is None:
             continue
-        where = next((layer.source for layer in reversed(list(layers)) if layer.values.get(name, _MISSING) == value),
-                     None)
-        if where is None:
-            where = next((layer.source for layer in ordered[len(layers):] if layer.values.get(name, _MISSING) == value),
-                         None)
+        where = next((layer.source for layer in candidates if layer.values.get(name, _MISSING) == value), None)
         if where is None:
             where = DEFAULT if value == getattr(_PLAIN, name) else unknown
         sources[name] = where
     value, src = precise if precise is not None else (None, DEFAULT)
     return ResolvedParams(final, sources, value, src)
-
-
-_MISSING = object()
 
 
 def resolved_for(engine: Any, layers: Sequence[Layer], *, precise: tuple[bool, str] | None = None,

@@ -51,7 +51,8 @@ def test_the_flag_wins_over_the_config(tmp_path: Path) -> None:
     table = out["resolved_params"]
     assert table["precise"] == {"value": True, "source": "flag"}
     assert table["temperature"] == {"value": 0.5, "source": "flag"}
-    assert _generate(config="", tmp_path=tmp_path)["resolved_params"]["precise"] == {"value": False, "source": "default"}
+    plain = _generate(config="", tmp_path=tmp_path)["resolved_params"]
+    assert plain["precise"] == {"value": False, "source": "default"}
 
 
 def test_a_bad_engine_table_is_one_line(tmp_path: Path) -> None:

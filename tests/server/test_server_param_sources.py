@@ -22,7 +22,8 @@ def url(llada_gguf: Path) -> Iterator[str]:
 
 
 def _post(url: str, path: str, body: dict) -> dict:
-    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as res:
         return json.loads(res.read())
 

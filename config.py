@@ -17,6 +17,9 @@
     gen_length = 128
     temperature = 0.0
 
+    [engine]                  # how local models are run (`dgchat`, `dgchat generate|serve|npc`)
+    precise = false           # f32 KV cache, no flash attention: exact logits, slower (--precise)
+
     [keys]                    # binding id = "key" or "key1,key2" (F1 lists the ids)
     "chat.stop" = "escape"
 
@@ -60,8 +63,9 @@ SAMPLER_KEYS: dict[str, tuple[type, str]] = {
 }
 TOP_KEYS = (
     "default_model", "theme", "system_prompt", "refresh_hz", "clipboard", "n_threads", "n_gpu_layers", "export_dir",
-    "answer_seconds_limit", "sampler", "keys", "server",
+    "answer_seconds_limit", "sampler", "keys", "server", "engine",
 )
+ENGINE_KEYS = ("precise",)
 SERVER_KEYS = ("url", "api_key")
 _KEY_RE = re.compile(r"^(?:(?:ctrl|shift|alt|meta|super|hyper)\+)*(?:[a-z0-9_]+|[^\s,+])$")
 
@@ -88,6 +92,7 @@ class Config:
     keys: dict[str, str] = field(default_factory=dict)
     server_url: str | None = None  # [server] url: an OpenAI-compatible server (dgchat.remote)
     server_api_key: str | None = None  # [server] api_key
+    precise: bool | None = None  # [engine] precise (None: not set; model_backend/param_resolution's "config")
 
     def sampler_params(self) -> DiffusionParams:
         """The config's sampler defaults as DiffusionParams (unset fields stay None)."""
@@ -178,7 +183,21 @@ def load_config(path: str | Path | None = None) -> Config:
         config.keys = _keys(path, raw["keys"])
     if "server" in raw:
         config.server_url, config.server_api_key = _server(path, raw["server"])
+    if "engine" in raw:
+        config.precise = _engine(path, raw["engine"])
     return config
+
+
+def _engine(path: Path, table: Any) -> bool | None:
+    if not isinstance(table, dict):
+        raise _fail(path, "[engine] must be a table with precise = true or false")
+    for key in table:
+        if key not in ENGINE_KEYS:
+            raise _fail(path, f"[engine] unknown setting {key!r} (known: {', '.join(ENGINE_KEYS)})")
+    value = table.get("precise")
+    if value is not None and not isinstance(value, bool):
+        raise _fail(path, f"[engine] precise must be true or false (got {_describe(value)})")
+    return value
 
 
 def _server(path: Path, table: Any) -> tuple[str | None, str | None]:

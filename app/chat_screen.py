@@ -39,7 +39,7 @@ from dgchat.app.live_view import LiveView
 from dgchat.app.model_source import ModelSource, ServerSource
 from dgchat.app.paths import display_name, short_path
 from dgchat.app.prompt_modal import PromptModal
-from dgchat.app.sampler_text import defaults_text, temperature_text
+from dgchat.app.sampler_text import defaults_text, sources_text, temperature_text
 from dgchat.app.search_modal import SearchModal
 from dgchat.app.session import Engine, JobDone, ModelChange, ModelSession
 from dgchat.app.settings_modal import ChatSettings, SettingsModal, server_refuses
@@ -52,6 +52,7 @@ from dgchat.app.widgets.prompt_input import PromptInput
 from dgchat.app.widgets.replay import DEFAULT_PACE, ReplayView
 from dgchat.app.widgets.status_bar import StatusBar
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
+from dgchat.model_backend.param_resolution import CHAT, CONFIG, DEFAULT, Layer, ResolvedParams, resolved_for
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.recording.history import DenoisingHistory, HistoryError
 from dgchat.terminal_text import one_line
@@ -347,11 +348,22 @@ class ChatScreen(Screen):
 
     def default_params(self, engine: Engine) -> DiffusionParams:
         """The model's recommended settings over the config's [sampler] table."""
-        return engine.resolve(self.base_params(engine))
+        return self.resolved_params(engine, with_chat=False).params
 
     def effective_params(self, engine: Engine) -> DiffusionParams:
-        overrides = dict(self.chat.params) if self.chat else {}
-        return engine.resolve(self.base_params(engine).updated(**overrides))
+        return self.resolved_params(engine).params
+
+    def resolved_params(self, engine: Engine, *, with_chat: bool = True) -> ResolvedParams:
+        """This chat's settings and where each came from (model_backend/param_resolution): the
+        model's (family, file) < the config's [sampler] < the chat's own settings."""
+        layers = [Layer.of(CONFIG, self.base_params(engine))]
+        if with_chat and self.chat:
+            layers.append(Layer.of(CHAT, dict(self.chat.params)))
+        if served(engine) is not None:  # the server's model: what no layer set, the server decided
+            return resolved_for(engine, layers, remote=True)
+        config_precise = self.app.config.precise
+        precise = (bool(getattr(engine, "precise", False)), CONFIG if config_precise is not None else DEFAULT)
+        return resolved_for(engine, layers, precise=precise)
 
     # -- chats ----------------------------------------------------------------------------------
     def refresh_sidebar(self) -> None:
@@ -1086,6 +1098,25 @@ class ChatScreen(Screen):
             return
         self.session.load(wanted, force=True)
 
+    def action_toggle_precise(self) -> None:
+        """Exact mode on or off (config.toml's [engine] precise), then the model again with it."""
+        from dgchat.app.model_ops import save_precise
+
+        config = self.app.config
+        precise = not bool(config.precise)
+        try:
+            save_precise(config.path, precise)
+        except DgchatError as exc:
+            self.notify(str(exc), severity="error")
+            return
+        config.precise = precise
+        served_now = served(self.session.engine) is not None
+        self.notify(("Precise mode on: f32 KV cache, no flash attention." if precise else
+                     "Precise mode off: f16 KV cache, flash attention on auto.")
+                    + (" A server's model runs as the server says (dgchat serve --precise)." if served_now else ""))
+        if not served_now and not self._busy():
+            self.action_reload_model()
+
     def action_model_info(self) -> None:
         engine = self.session.engine
         if engine is None:
@@ -1098,4 +1129,9 @@ class ChatScreen(Screen):
             f"runs as: {engine.label}\ncontext: {engine.n_ctx_max:,} tokens\n"
             f"temperature: {temperature}\nrecommended sampler: {defaults}"
         )
+        try:  # this chat's settings and where each came from (as `dgchat generate --json` reports them)
+            table = self.resolved_params(engine).table()
+            text += f"\n\nthis chat runs with:\n{sources_text(table, info.uniform_state)}"
+        except DgchatError as exc:  # a chat setting the model refuses: the status line says so too
+            text += f"\n\nthis chat's settings: {exc}"
         self.app.push_screen(ErrorModal("Model", text))

@@ -76,6 +76,9 @@ class ModelCommands(NamespacedProvider):
             ("open…", "Use another GGUF model for this chat", c.action_open_model),
             ("reload", "Load the chat's model again", c.action_reload_model),
             ("info", "What the loaded model is and how it runs", c.action_model_info),
+            ("precise mode on / off", "Exact mode: f32 KV cache, no flash attention (logits as the reference "
+             "implementation's; slower). Saved as [engine] precise in config.toml; reloads the model",
+             c.action_toggle_precise),
             ("reset sampler settings", "Back to the model's recommended defaults for this chat", c.action_reset_settings),
             ("manage models…", "Download, remove, import, verify and switch models (F4)", self.dgchat.action_models),
         ]

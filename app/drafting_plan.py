@@ -30,6 +30,7 @@ import numpy as np
 from dgchat.model_backend.engine_protocol import Engine, served
 from dgchat.model_backend.errors import DgchatError
 from dgchat.model_backend.events import FinalEvent
+from dgchat.model_backend.param_resolution import CONFIG, DRAFTING, Layer, merge
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.model_backend.requests import CanvasTemplate
 from dgchat.npc.errors import TemplateError
@@ -103,10 +104,11 @@ def _prompt(vocab: _Vocab, before: str, keep: int) -> np.ndarray:
 
 
 def _sampling(engine: Engine, base: DiffusionParams, seed: int) -> DiffusionParams:
-    p = replace(base, seed=seed, mode="dgchat")
-    if p.temperature is None and not engine.info.uniform_state:
-        p = replace(p, temperature=DRAFT_TEMPERATURE)
-    return p
+    """A proposal's settings (model_backend/param_resolution): drafting's temperature for masked
+    models under the config's [sampler] (`base`), the proposal's seed and the default mode over it."""
+    below = {} if engine.info.uniform_state else {"temperature": DRAFT_TEMPERATURE}
+    above = {"seed": seed, "mode": "dgchat"}
+    return merge([Layer(DRAFTING, below), Layer.of(CONFIG, base), Layer(DRAFTING, above)])[0]
 
 
 def plan_rewrite(engine: Engine, request: DraftRequest, base: DiffusionParams) -> DraftPlan:

@@ -837,3 +837,37 @@ def save_server(config_path: Path, url: str | None, api_key: str | None = None) 
         raise ConfigError(f"{config_path}: [server] could not be set (is it written another way, such as "
                           "server.url = …?); edit it by hand")
     atomic_write_text(config_path, text)  # 0600, as every settings file: it may hold a key
+
+
+_ENGINE_TABLE_RE = re.compile(r"^\s*\[\s*engine\s*\]\s*(#.*)?$")
+_PRECISE_KEY_RE = re.compile(r"^\s*(precise|\"precise\")\s*=")
+
+
+def save_precise(config_path: Path, precise: bool) -> None:
+    """Set `[engine] precise` (exact mode: f32 KV cache, no flash attention), keeping everything
+    else as it is; creates the table, or the file, if there is none. Atomic."""
+    from dgchat.config import ConfigError
+    from dgchat.app.paths import atomic_write_text
+
+    config_path = Path(config_path)
+    lines = _config_lines(config_path)
+    line = f"precise = {'true' if precise else 'false'}\n"
+    header = next((i for i, text in enumerate(lines) if _ENGINE_TABLE_RE.match(text)), None)
+    if header is not None:
+        end = next((i for i in range(header + 1, len(lines)) if _TABLE_RE.match(lines[i])), len(lines))
+        body = [text for text in lines[header + 1:end] if not _PRECISE_KEY_RE.match(text)]
+        lines[header:end] = [lines[header], line, *body]
+    else:
+        if lines and lines[-1].strip():
+            lines.append("\n")
+        lines += ["[engine]\n", line]
+    text = "".join(lines)
+    try:
+        parsed = parse_toml(text)
+    except TomlFileError as exc:
+        raise ConfigError(f"{config_path}: {exc}, so [engine] precise was not written") from None
+    table = parsed.get("engine") if isinstance(parsed.get("engine"), dict) else {}
+    if table.get("precise") is not precise:
+        raise ConfigError(f"{config_path}: [engine] precise could not be set (is it written another way, such as "
+                          "engine.precise = …?); edit it by hand")
+    atomic_write_text(config_path, text)

@@ -47,3 +47,26 @@ def defaults_text(defaults: Mapping[str, Any], uniform_state: bool) -> tuple[str
         temperature = value_text(float(defaults.get("temperature") or 0.0))
     rest = ", ".join(f"{k}={value_text(v)}" for k, v in sorted(defaults.items()) if k not in _TEMPERATURE_KEYS)
     return temperature, rest
+
+
+# names in the resolved-settings table where the field name reads badly
+_LABELS = {"gen_length": "canvas length", "t_max": "temperature start", "t_min": "temperature end",
+           "precise": "exact mode (--precise)"}
+
+
+def sources_text(table: Mapping[str, Mapping[str, Any]], uniform_state: bool) -> str:
+    """The settings a chat runs with and where each came from (model_backend/param_resolution's
+    table, as `dgchat generate --json` prints it), one per line: "steps  48  (model file)".
+    Settings no one chose (DiffusionParams' own defaults: seed 0, cfg 0, ...) are left out, and a
+    uniform-state model's fixed temperature, which it does not read while it denoises."""
+    rows = []
+    for name, row in table.items():
+        if row["source"] == "default" and name != "precise":
+            continue
+        if name == "temperature" and uniform_state and not table.get("autoregressive", {}).get("value"):
+            continue
+        value = row["value"]
+        text = (f"{len(value)} entries" if value else "none") if isinstance(value, list) else value_text(value)
+        rows.append((_LABELS.get(name, name.replace("_", " ")), text, str(row["source"])))
+    width = max((len(label) for label, _, _ in rows), default=0)
+    return "\n".join(f"  {label.ljust(width)}  {text}  ({source})" for label, text, source in rows)

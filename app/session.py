@@ -45,8 +45,9 @@ __all__ = ["Engine", "EngineJob", "JobDone", "ModelChange", "ModelSession", "Ses
 
 
 def load_engine(path: ModelSource, *, n_gpu_layers: int | None, n_threads: int | None,
-                progress: Callable[[float], bool]) -> Engine:
-    """Load a model file, or connect to a server's model (tests replace this to wrap the engine)."""
+                progress: Callable[[float], bool], precise: bool = False) -> Engine:
+    """Load a model file, or connect to a server's model (tests replace this to wrap the engine).
+    precise: config.toml's [engine] precise (f32 KV cache, no flash attention; a server has its own)."""
     if isinstance(path, ServerSource):
         from dgchat.remote.engine import RemoteEngine
 
@@ -56,7 +57,8 @@ def load_engine(path: ModelSource, *, n_gpu_layers: int | None, n_threads: int |
         return engine
     from dgchat.model_backend import loader
 
-    return loader.load_engine(path, n_gpu_layers=n_gpu_layers, n_threads=n_threads, progress=progress)
+    return loader.load_engine(path, n_gpu_layers=n_gpu_layers, n_threads=n_threads, progress=progress,
+                              precise=precise)
 
 
 # -- jobs ----------------------------------------------------------------------------------------
@@ -277,7 +279,7 @@ class ModelSession:
         def work() -> None:
             try:
                 engine = load_engine(path, n_gpu_layers=config.n_gpu_layers, n_threads=config.n_threads,
-                                     progress=progress)
+                                     progress=progress, precise=bool(getattr(config, "precise", None)))
             except BaseException as exc:  # noqa: BLE001 - shown to the user, not raised in a thread
                 app.post_message(SessionCall(self._failed, path, error_text(exc), report))
                 return

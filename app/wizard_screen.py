@@ -66,6 +66,7 @@ from dgchat.hub.manager import ModelRow, PullResult
 from dgchat.hub.registry import InstalledModel
 from dgchat.hub.util import format_bytes
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
+from dgchat.model_backend.param_resolution import CONFIG, Layer, resolved_for
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.terminal_text import one_line, safe_document, safe_message
 from rich.table import Table
@@ -134,7 +135,7 @@ def trial_params(engine: Engine, base: DiffusionParams) -> DiffusionParams:
         base = replace(base, **{n: getattr(plain, n) for n in server.unsupported(base)})
         if not server.is_dgchat:  # it samples with its own settings: only the answer's length is ours
             return engine.resolve(replace(base, max_tokens=TEST_TOKENS))
-    full = engine.resolve(base)
+    full = resolved_for(engine, [Layer.of(CONFIG, base)]).params  # model_backend/param_resolution
     if full.gen_length <= TEST_TOKENS:
         return full
     gen = TEST_TOKENS

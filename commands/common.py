@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from dgchat.model_backend.engine_protocol import LocalEngine
 from dgchat.model_backend.errors import InvalidParameterError, ModelFileError
 from dgchat.model_backend.params import (
     ALGORITHMS,
@@ -108,6 +109,46 @@ def add_sampler_args(parser: argparse.ArgumentParser) -> None:
                    help="DiffusionGemma: added to the pad token's logit at each denoising step; negative "
                         "values give longer answers (default: the model's, 0 if it names none)")
     g.add_argument("--ar", action="store_true", help="DiffusionGemma: decode autoregressively with the same weights")
+
+
+PRECISE_HELP = ("exact mode: f32 KV cache and no flash attention, the engine the equivalence tests use (logits "
+                "match transformers to float32 noise; slower, more memory). Default: [engine] precise in "
+                "config.toml, else off (f16 KV cache, flash attention where the backend has it)")
+
+
+def add_precise_arg(parser: argparse.ArgumentParser, help: str = PRECISE_HELP) -> None:
+    # None when not given: the config's [engine] precise decides (precise_choice)
+    parser.add_argument("--precise", action=argparse.BooleanOptionalAction, default=None, help=help)
+
+
+def precise_choice(args: argparse.Namespace) -> tuple[bool, str]:
+    """Exact mode and where it was chosen: --precise/--no-precise, else config.toml's [engine]
+    precise, else off (model_backend/param_resolution.precise_setting)."""
+    from dgchat.model_backend.param_resolution import CONFIG, FLAG, precise_setting
+
+    flag = getattr(args, "precise", None)
+    if flag is not None:
+        return precise_setting((FLAG, flag))
+    from dgchat.config import load_config
+
+    return precise_setting((CONFIG, load_config().precise))
+
+
+def open_local_engine(model_path: str | Path, *, n_gpu_layers: int | None = None, n_threads: int | None = None,
+                      precise: bool = False) -> LocalEngine:
+    """The engine `dgchat generate`, `serve` and `npc` run a local model on. precise: the f32 KV
+    cache without flash attention (llamacpp.LlamaContext exact_kv), as tests/fixtures/dg_engine.py
+    opens it; otherwise an f16 KV cache with flash attention on auto."""
+    from dgchat.model_backend.loader import load_engine  # loads llama.cpp: not at `dgchat --help`
+
+    return load_engine(model_path, n_gpu_layers=n_gpu_layers, n_threads=n_threads, precise=precise)
+
+
+def flag_layer(args: argparse.Namespace) -> Any:
+    """The sampler flags as the "flag" layer of model_backend/param_resolution."""
+    from dgchat.model_backend.param_resolution import FLAG, Layer
+
+    return Layer.of(FLAG, params_from_args(args))
 
 
 def params_from_args(args: argparse.Namespace) -> DiffusionParams:

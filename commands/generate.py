@@ -14,9 +14,13 @@ from typing import TYPE_CHECKING, Any
 from dgchat.commands.common import (
     add_common,
     add_model_args,
+    add_precise_arg,
     add_sampler_args,
     ctrl_c_cancels,
+    flag_layer,
+    open_local_engine,
     params_from_args,
+    precise_choice,
     resolve_model_path,
 )
 from dgchat.model_backend.engine_protocol import Engine
@@ -43,7 +47,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the recording's pace: 'real' (default) or seconds per step, e.g. 0.1")
     p.add_argument("--record-width", metavar="COLUMNS", type=int, default=80,
                    help="the recording's width in columns (default 80)")
-    p.add_argument("--json", action="store_true", help="print the answer and statistics as one JSON object")
+    p.add_argument("--json", action="store_true",
+                   help="print the answer and statistics as one JSON object (`resolved_params`: each setting's "
+                        "value and where it came from)")
+    add_precise_arg(p)
     add_sampler_args(p)
     from dgchat.remote.cli import add_server_args
 
@@ -65,21 +72,26 @@ def run(args: argparse.Namespace) -> int:
     if urls:
         return _run_remote(args, urls[0], api_key)
     from dgchat.model_backend import llamacpp
-    from dgchat.model_backend.loader import load_engine
+    from dgchat.model_backend.param_resolution import resolved_for
 
     llamacpp.set_verbose(getattr(args, "verbose", False))
-    params = params_from_args(args)
+    flags = flag_layer(args)
     recording = Recording.from_args(args)
     prompt_text = _read_prompt(args)
     model_path = resolve_model_path(args.model)
-    engine = load_engine(model_path, n_gpu_layers=args.n_gpu_layers, n_threads=args.threads)
+    precise = precise_choice(args)
+    engine = open_local_engine(model_path, n_gpu_layers=args.n_gpu_layers, n_threads=args.threads,
+                               precise=precise[0])
     try:
         prompt = _prompt(engine, args, prompt_text)
-        resolved = engine.resolve(params)
+        # the config's [sampler] table is for the app's chats: generate's layers are the model's and the flags
+        table = resolved_for(engine, [flags], precise=precise)
+        resolved = table.params
         recorder = recording.recorder(engine) if recording else None
         with ctrl_c_cancels() as cancel:
             final = _drive(engine, prompt, resolved, cancel, visual=args.visual and not args.json, recorder=recorder)
-        code = _report(final, args, lambda: _as_json(final, engine, model_path, resolved))
+        code = _report(final, args, lambda: _as_json(final, engine, model_path, resolved) | {
+            "resolved_params": table.table()})
         if recording and recorder is not None:
             recording.write(recorder, final, title=("dgchat", model_path.name, prompt_text))
         return code
@@ -196,14 +208,16 @@ def _as_json(final: FinalEvent, engine: Engine, model_path, params) -> dict[str,
 def _run_remote(args: argparse.Namespace, url: str, api_key: str | None) -> int:
     """The same answer from a server (docs/SCALING.md): dgchat serve streams its canvas (--visual
     draws it as a local run does), other servers stream text."""
+    from dgchat.model_backend.param_resolution import SERVER, explain
     from dgchat.remote import RemoteEngine
     from dgchat.remote.engine import flag
 
     params = params_from_args(args)
     recording = Recording.from_args(args)
     prompt_text = _read_prompt(args)
-    if args.n_gpu_layers is not None or args.threads is not None:
-        raise InvalidParameterError("--n-gpu-layers and --threads set up a local model; the server has its own")
+    if args.n_gpu_layers is not None or args.threads is not None or args.precise is not None:
+        raise InvalidParameterError("--n-gpu-layers, --threads and --precise set up a local model; the server has "
+                                    "its own (dgchat serve --precise)")
     visual = args.visual and not args.json
     engine = RemoteEngine.connect(url, api_key=api_key, timeout=args.timeout, retries=args.retries,
                                   live_canvas=visual or recording is not None, deadline=args.deadline)
@@ -218,10 +232,13 @@ def _run_remote(args: argparse.Namespace, url: str, api_key: str | None) -> int:
                                         f"{engine.url} is not a dgchat server")
         prompt = _prompt(engine, args, prompt_text)  # --raw is refused there: markers need the tokenizer
         resolved = engine.resolve(params)
+        # what no flag set, the server decided (its model's recommended settings, its own defaults)
+        table = explain(resolved, [flag_layer(args)], unknown=SERVER)
         recorder = recording.recorder(engine) if recording else None
         with ctrl_c_cancels() as cancel:
             final = _drive(engine, prompt, resolved, cancel, visual=visual, recorder=recorder)
-        code = _report(final, args, lambda: _remote_json(final, engine, resolved))
+        code = _report(final, args, lambda: _remote_json(final, engine, resolved) | {
+            "resolved_params": table.table()})
         if recording and recorder is not None:
             recording.write(recorder, final, title=("dgchat", engine.model_id, prompt_text))
         return code

@@ -7,7 +7,8 @@ import sys
 import threading
 from pathlib import Path
 
-from dgchat.commands.common import add_common, add_model_args, ctrl_c_cancels, resolve_model_path
+from dgchat.commands.common import (add_common, add_model_args, add_precise_arg, ctrl_c_cancels, open_local_engine,
+                                   precise_choice, resolve_model_path)
 from dgchat.model_backend.errors import GenerationCancelled, InvalidParameterError
 
 
@@ -32,8 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=("json", "csv"), help="export format (default: from the --out extension)")
     p.add_argument("--max-attempts", type=int, default=4, metavar="N",
                    help="tries per variant when a banned word (or an empty line) comes out (default 4)")
-    p.add_argument("--precise", action="store_true",
-                   help="f32 KV cache: a variant's result does not depend on what else is in its batch (slower)")
+    add_precise_arg(p, help="f32 KV cache, no flash attention: a variant's result does not depend on what else is "
+                            "in its batch (slower; default: [engine] precise in config.toml, else off)")
     p.add_argument("--list-cards", action="store_true", help="list the character cards found and exit")
     from dgchat.remote.cli import add_server_args
 
@@ -101,12 +102,11 @@ def run(args: argparse.Namespace) -> int:
         return _write(batches, args, fmt)
 
     from dgchat.model_backend import llamacpp
-    from dgchat.model_backend.loader import load_engine
     from dgchat.npc.generator import NpcGenerator
 
     llamacpp.set_verbose(getattr(args, "verbose", False))
-    engine = load_engine(resolve_model_path(args.model), n_gpu_layers=args.n_gpu_layers,
-                         n_threads=args.threads, precise=args.precise)
+    engine = open_local_engine(resolve_model_path(args.model), n_gpu_layers=args.n_gpu_layers,
+                               n_threads=args.threads, precise=precise_choice(args)[0])
     try:
         with ctrl_c_cancels() as cancel:
             generator = NpcGenerator(engine, max_attempts=args.max_attempts)

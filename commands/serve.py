@@ -6,7 +6,8 @@ import argparse
 import asyncio
 import os
 
-from dgchat.commands.common import add_common, add_model_args, resolve_model_path
+from dgchat.commands.common import (add_common, add_model_args, add_precise_arg, open_local_engine, precise_choice,
+                                   resolve_model_path)
 from dgchat.server import DEFAULT_PORT  # the server itself is imported when the command runs
 
 TOKEN_ENV = "DGCHAT_API_TOKEN"
@@ -43,7 +44,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-id", help="the model's id in the API (default: the file name without .gguf)")
     p.add_argument("--cards", action="append", metavar="PATH",
                    help="character cards for /v1/infill (default: the data folder's npc/cards)")
-    p.add_argument("--precise", action="store_true", help="f32 KV cache: batched choices equal unbatched ones")
+    add_precise_arg(p, help="f32 KV cache, no flash attention: batched choices equal unbatched ones, logits match "
+                            "the reference implementation (default: [engine] precise in config.toml, else off)")
     p.add_argument("--quiet", action="store_true", help="no access log")
 
 
@@ -80,12 +82,11 @@ def run(args: argparse.Namespace) -> int:
     config.validate()  # before loading the model: a refused --host costs nothing
 
     from dgchat.model_backend import llamacpp
-    from dgchat.model_backend.loader import load_engine
     from dgchat.server.app import serve
 
     llamacpp.set_verbose(getattr(args, "verbose", False))
-    engine = load_engine(resolve_model_path(args.model), n_gpu_layers=args.n_gpu_layers,
-                         n_threads=args.threads, precise=args.precise)
+    engine = open_local_engine(resolve_model_path(args.model), n_gpu_layers=args.n_gpu_layers,
+                               n_threads=args.threads, precise=precise_choice(args)[0])
     stopped_cleanly = False
 
     def ready(server) -> None:

@@ -47,6 +47,7 @@ from dgchat.model_backend.errors import InvalidParameterError
 from dgchat.model_backend.events import FinalEvent
 from dgchat.model_backend.gguf_file import read_tensor
 from dgchat.model_backend.model_info import ModelInfo
+from dgchat.model_backend.param_resolution import resolve_params
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.model_backend.requests import DgSetup, EncodeRequest
 
@@ -102,20 +103,7 @@ class DiffusionGemmaEngine(DiffusionEngine):
         return "DiffusionGemma, APPROXIMATE (stock llama.cpp: install with README's command for the exact engine)"
 
     def resolve(self, params: DiffusionParams | None = None) -> DiffusionParams:
-        params = (params or DiffusionParams()).with_defaults(self.info.defaults)
-        params = params.with_defaults({"gen_length": 256, "steps": 48, "temperature": 0.0, "top_k": 0, "top_p": 1.0})
-        if params.max_tokens is None:
-            params = params.updated(max_tokens=max(int(params.gen_length), 256))
-        if params.mode == "reference":
-            raise InvalidParameterError("reference mode reproduces llama.cpp's masked-diffusion example; "
-                                        "DiffusionGemma is uniform-state diffusion")
-        if params.cache not in ("none", "auto"):
-            raise InvalidParameterError("DiffusionGemma always caches its encoder exactly; --cache does not apply")
-        params = params.updated(cache="none")  # no masked-diffusion cache: the encoder cache is exact
-        if params.block_length is not None or params.threshold is not None or params.factor is not None:
-            raise InvalidParameterError("--block-length/--threshold/--factor are masked-diffusion options; "
-                                        "DiffusionGemma uses --entropy-bound")
-        params.validate()
+        params = resolve_params(self.info, params or DiffusionParams()).params  # model_backend/param_resolution
         if params.sampler_on == "backend" and not self.backend_sampler:
             raise InvalidParameterError("--sampler-on backend needs dgchat's engine (patch level 3: README's "
                                         "install command); this llama-cpp-python samples on the host only")

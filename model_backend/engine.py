@@ -27,6 +27,7 @@ from dgchat.model_backend.driver import drive, drive_one
 from dgchat.model_backend.logits_source import LlamaLogits
 from dgchat.model_backend.masked_diffusion import masked_denoiser
 from dgchat.model_backend.model_info import ModelInfo, inspect_header
+from dgchat.model_backend.param_resolution import resolve_params
 from dgchat.model_backend.params import DiffusionParams, check_threads
 from dgchat.model_backend.reference_sampler import ReferenceParams, reference_denoise
 from dgchat.model_backend.requests import CanvasTemplate, LogitsRequest, MaskedSetup
@@ -244,32 +245,9 @@ class DiffusionEngine:
 
     # -- parameters ---------------------------------------------------------------------------
     def resolve(self, params: DiffusionParams | None = None) -> DiffusionParams:
-        """Fill unset fields from the model's defaults and validate."""
-        params = params or DiffusionParams()
-        defaults = dict(self.info.defaults)
-        # the two schedules are alternatives: a user's choice of one drops the default of the other
-        if params.eps is not None and params.block_length is None:
-            defaults.pop("block_length", None)
-        if params.block_length is not None and params.eps is None:
-            defaults.pop("eps", None)
-        params = params.with_defaults(defaults)
-        fallback = {"gen_length": 128, "steps": 128, "algorithm": "confidence", "temperature": 0.0, "top_k": 0,
-                    "top_p": 1.0}
-        params = params.with_defaults(fallback)
-        if params.block_length is None and params.eps is None:
-            params = params.updated(eps=1e-3)
-        if params.block_length is not None and params.block_length >= params.gen_length:
-            params = replace(params, block_length=None).with_defaults({"eps": 1e-3})
-        if params.max_tokens is None:
-            params = params.updated(max_tokens=params.gen_length)
-        if params.cache == "auto":
-            # prefix caching where the GGUF has KV memory (--cache-capable conversions): 2.4x the
-            # tokens/s of full recompute at 256 tokens (README, "Fast decoding"); Fast-dLLM
-            # (Wu et al. 2025) reports about a point of accuracy for it on LLaDA. Reference mode
-            # and models without KV memory recompute everything.
-            use_prefix = self.info.has_kv_memory and params.mode != "reference"
-            params = params.updated(cache="prefix" if use_prefix else "none")
-        params.validate()
+        """Fill unset fields from the model's defaults and validate (the precedence and its rules:
+        model_backend/param_resolution)."""
+        params = resolve_params(self.info, params or DiffusionParams()).params
         if params.sampler_on == "backend" and not self.backend_sampler:
             raise InvalidParameterError("--sampler-on backend needs dgchat's engine (patch level 3: README's "
                                         "install command); this llama-cpp-python samples on the host only")

@@ -65,6 +65,9 @@ class ModelInfo:
     name: str
     context_length: int
     defaults: dict[str, Any] = field(default_factory=dict)
+    # the names in `defaults` that the file itself sets (dgchat.* keys), the rest are the family's:
+    # model_backend/param_resolution reports "model file" or "family default" for them
+    file_defaults: frozenset[str] = frozenset()
 
     @property
     def uniform_state(self) -> bool:
@@ -172,16 +175,19 @@ def inspect_header(header: GgufHeader) -> ModelInfo:
                                  f"llada, dream, rnd1")
         shift = _bool(header.get("diffusion.shift_logits"), preset == "dream")
     defaults = dict(_FAMILY_DEFAULTS.get(preset, _FAMILY_DEFAULTS["llada"]))
+    from_file: set[str] = set()
     if family == "diffusion_gemma":
         # the converter stores the checkpoint's generation_config under dgchat.diffusion.*
         for key, param in _DG_KEYS.items():
             value = header.get("dgchat.diffusion." + key)
             if value is not None:
                 defaults[param] = _checked_default(header, "dgchat.diffusion." + key, param, value)
+                from_file.add(param)
     for key, param in _DEFAULT_KEYS.items():
         value = header.get(key)
         if value is not None:
             defaults[param] = _checked_default(header, key, param, value)
+            from_file.add(param)
     if defaults.get("block_length") and "eps" in defaults:
         defaults.pop("eps")  # a file that asks for blocks overrides the family's timestep schedule
     _check_defaults(header, defaults)
@@ -196,4 +202,5 @@ def inspect_header(header: GgufHeader) -> ModelInfo:
         name=str(name),
         context_length=ctx_len,
         defaults=defaults,
+        file_defaults=frozenset(from_file),
     )

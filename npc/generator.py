@@ -35,6 +35,7 @@ from dgchat.model_backend.chat_template import TemplateRenderError
 from dgchat.model_backend.engine_protocol import LocalEngine
 from dgchat.model_backend.errors import GenerationCancelled, InvalidParameterError
 from dgchat.model_backend.events import FinalEvent, StepEvent
+from dgchat.model_backend.param_resolution import CARD, NPC, Layer, merge
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.model_backend.requests import CanvasTemplate
 from dgchat.npc.banned import BannedWords
@@ -297,18 +298,24 @@ class NpcGenerator:
 
     def params_for(self, spec: LineSpec, *, canvas: int, to_fill: int, template: bool,
                    bias: tuple[tuple[int, float], ...]) -> DiffusionParams:
-        p = spec.params
+        """A variant's settings (model_backend/param_resolution): NPC defaults for masked models
+        under the card's and line's settings (`spec.params`), the canvas, seed and bias over them."""
+        card = spec.params
+        below: dict[str, Any] = {}  # NPC defaults: the card's own values win
+        one_block = False
         if not self.engine.info.uniform_state:
-            if p.temperature is None:
-                p = replace(p, temperature=DEFAULT_TEMPERATURE)
-            if template or p.block_length is None:
+            below["temperature"] = DEFAULT_TEMPERATURE
+            if template or card.block_length is None:
                 # one block over the line: a template's canvas has any length
-                p = replace(p, block_length=None, eps=p.eps if p.eps is not None else 1e-3)
-            elif canvas % p.block_length:
-                canvas += p.block_length - canvas % p.block_length
-            if p.steps is None:
-                p = replace(p, steps=max(1, to_fill if template else canvas))
-        p = replace(p, gen_length=canvas, max_tokens=canvas, seed=spec.seed, logit_bias=bias)
+                one_block = True
+                below["eps"] = 1e-3
+            elif canvas % card.block_length:
+                canvas += card.block_length - canvas % card.block_length
+            below["steps"] = max(1, to_fill if template else canvas)
+        above = {"gen_length": canvas, "max_tokens": canvas, "seed": spec.seed, "logit_bias": bias}
+        p, _ = merge([Layer(NPC, below), Layer.of(CARD, card), Layer(NPC, above)])
+        if one_block:
+            p = replace(p, block_length=None)
         return self.engine.resolve(p)
 
     # -- generation -------------------------------------------------------------------------

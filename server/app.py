@@ -356,7 +356,7 @@ class ApiServer:
         settings = plan.params[0].as_dict()
         settings.pop("logit_bias", None)
         settings.pop("seed", None)
-        return {"seed": plan.seed, "settings": settings}
+        return {"seed": plan.seed, "settings": settings, "params": openai_api.params_table(plan, self.engine)}
 
     async def _generate(self, request: Request, plan, obj: str, prefix: str) -> Response:
         cid = f"{prefix}-{secrets.token_hex(12)}"

@@ -28,6 +28,7 @@ import numpy as np
 from dgchat.model_backend.engine_protocol import LocalEngine
 from dgchat.model_backend.errors import ContextOverflowError, DgchatError, GenerationCancelled
 from dgchat.model_backend.events import FinalEvent, StepEvent
+from dgchat.model_backend.param_resolution import REQUEST, SERVER, Layer, explain
 from dgchat.model_backend.params import ALGORITHMS, CACHE_MODES, MAX_BIAS, DiffusionParams
 from dgchat.model_backend.requests import CanvasTemplate
 from dgchat.server.errors import ApiError
@@ -380,10 +381,24 @@ class GenPlan:
     template: CanvasTemplate | None = None  # completions with a suffix
     echo: str = ""
     final: bool = False  # the finishing chunk of each choice carries its tokens, stop reason and stats
+    requested: DiffusionParams | None = None  # the request's own settings (the "request" layer)
 
     @property
     def n(self) -> int:
         return len(self.params)
+
+
+def params_table(plan: GenPlan, engine: Any) -> dict[str, dict[str, Any]]:
+    """The settings of the plan's choices, each with its source (model_backend/param_resolution):
+    the request, the model's defaults, "derived" (a canvas fitted to max_tokens), and exact mode
+    ("server": `dgchat serve --precise`). Seeds and logit biases differ per choice or are long:
+    left out, as from `settings`."""
+    layers = [Layer.of(REQUEST, plan.requested)] if plan.requested is not None else []
+    precise = (bool(getattr(engine, "precise", False)), SERVER)
+    table = explain(plan.params[0], layers, getattr(engine, "info", None), precise=precise).table()
+    table.pop("seed", None)
+    table.pop("logit_bias", None)
+    return table
 
 
 @dataclass
@@ -446,6 +461,12 @@ def _common(body: dict, engine: LocalEngine, default_max: int | None) -> tuple[D
     return base, ext, n, max_tokens, seed
 
 
+def _requested(body: dict, base: DiffusionParams) -> DiffusionParams:
+    """The request's own settings (validated by `_common`): the sampler fields and max_tokens if given."""
+    explicit = body.get("max_completion_tokens") or body.get("max_tokens")
+    return replace(base, max_tokens=explicit) if isinstance(explicit, int) else base
+
+
 def _stream_options(body: dict) -> bool:
     opts = body.get("stream_options")
     if opts is None:
@@ -489,7 +510,7 @@ def prepare_chat(body: dict, engine: LocalEngine) -> GenPlan:
     params = [replace(first, seed=seed + i) for i in range(n)]
     plan = GenPlan("chat", prompt, params, parse_stop(body), bool(body.get("stream", False)), _stream_options(body),
                    bool(ext.get("canvas", False)), seed, max_tokens,
-                   final=bool(ext.get("canvas", False) or ext.get("final", False)))
+                   final=bool(ext.get("canvas", False) or ext.get("final", False)), requested=_requested(body, base))
     return _finish_plan(engine, plan)
 
 
@@ -549,7 +570,7 @@ def prepare_completion(body: dict, engine: LocalEngine) -> GenPlan:
     params = [replace(first, seed=seed + i) for i in range(n)]
     plan = GenPlan("text", prompt, params, parse_stop(body), bool(body.get("stream", False)), _stream_options(body),
                    bool(ext.get("canvas", False)), seed, max_tokens, template, prompt_text if echo else "",
-                   final=bool(ext.get("canvas", False) or ext.get("final", False)))
+                   final=bool(ext.get("canvas", False) or ext.get("final", False)), requested=_requested(body, base))
     return _finish_plan(engine, plan)
 
 

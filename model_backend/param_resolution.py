@@ -1,0 +1,283 @@
+"""Where each sampler value comes from: one precedence for the CLI, the app, the server and NPCs.
+
+A run's settings are layered, lowest first:
+
+    family default  <  model file  <  config  <  chat / card  <  request / flag
+
+- "family default": the architecture family's published settings (model_info) and the engine's
+  built-in fallbacks (a 128-token canvas for masked models, 256 for DiffusionGemma, ...);
+- "model file": the GGUF's `dgchat.*` / `dgchat.diffusion.*` keys (`ModelInfo.file_defaults`);
+- "config": config.toml ([sampler], [engine]); the caller reads it and passes the values in
+  (model_backend never imports dgchat.config);
+- "chat", "card": a chat's own settings in the app, an NPC card's or line's settings;
+- "request", "flag": an API request's fields, command-line flags.
+
+Two more sources name values no layer chose: "derived" (computed from others: max_tokens from the
+canvas, `cache = auto` turned into prefix or none, a server's canvas fitted to max_tokens) and
+"default" (DiffusionParams' own field defaults: seed 0, cfg_scale 0, ...). A remote server that
+fills settings by rules of its own reports "server".
+
+Everything here is a pure function of its arguments: `Layer`s in, `ResolvedParams` out.
+`DiffusionEngine.resolve` (and DiffusionGemma's) delegate to `resolve_params`, so the values that
+win are the engine's; `resolved_for` adds the sources to any engine's own resolve.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from dgchat.model_backend.errors import InvalidParameterError
+from dgchat.model_backend.params import DiffusionParams
+
+FAMILY_DEFAULT = "family default"
+MODEL_FILE = "model file"
+CONFIG = "config"
+CHAT = "chat"
+CARD = "card"
+REQUEST = "request"
+FLAG = "flag"
+DERIVED = "derived"
+DEFAULT = "default"
+SERVER = "server"
+# a feature's own settings: the drafting screen's proposals, NPC lines (their place in the order is the
+# caller's: a default below the config, or fixed above everything, e.g. a proposal's seed)
+DRAFTING = "drafting"
+NPC = "npc"
+# the caller's layers, lowest first (a later layer overrides an earlier one)
+USER_SOURCES = (CONFIG, CHAT, CARD, REQUEST, FLAG)
+
+# engine fallbacks for values neither the family nor the file names (part of the family layer)
+MASKED_FALLBACK: dict[str, Any] = {"gen_length": 128, "steps": 128, "algorithm": "confidence", "temperature": 0.0,
+                                   "top_k": 0, "top_p": 1.0}
+MASKED_EPS = 1e-3  # Dream-style schedule end when no block schedule is in force
+UNIFORM_FALLBACK: dict[str, Any] = {"gen_length": 256, "steps": 48, "temperature": 0.0, "top_k": 0, "top_p": 1.0}
+UNIFORM_MIN_MAX_TOKENS = 256  # DiffusionGemma: an answer may continue past a short canvas
+
+_PLAIN = DiffusionParams()
+_FIELDS = tuple(f.name for f in fields(DiffusionParams))
+_MISSING = object()  # a layer that does not set a field (None is a value a layer may hold)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """The values one source sets (only those: an unset field is absent, not None)."""
+
+    source: str
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, source: str, values: DiffusionParams | Mapping[str, Any] | None) -> Layer:
+        """A layer from DiffusionParams (its fields that differ from the unset DiffusionParams(): a
+        flag left at its default sets nothing) or from a mapping (every key whose value is not None:
+        a chat's stored `seed = 0` is a choice)."""
+        if values is None:
+            return cls(source, {})
+        if isinstance(values, DiffusionParams):
+            return cls(source, {n: getattr(values, n) for n in _FIELDS
+                                if getattr(values, n) is not None and getattr(values, n) != getattr(_PLAIN, n)})
+        unknown = [k for k in values if k not in _FIELDS]
+        if unknown:
+            raise InvalidParameterError(f"unknown sampler setting {unknown[0]!r} ({source})")
+        return cls(source, {k: v for k, v in values.items() if v is not None})
+
+
+@dataclass(frozen=True)
+class ResolvedParams:
+    """The parameters a run uses and, per setting in effect, which layer chose it."""
+
+    params: DiffusionParams
+    sources: Mapping[str, str]  # field name -> source, for every field that is not None
+    precise: bool | None = None  # exact mode (f32 KV cache, no flash attention); None: not known here
+    precise_source: str = DEFAULT
+
+    def source(self, name: str) -> str:
+        return self.precise_source if name == "precise" else self.sources[name]
+
+    def table(self) -> dict[str, dict[str, Any]]:
+        """name -> {"value", "source"} for every setting in effect (JSON-ready: tuples become lists)."""
+        out: dict[str, dict[str, Any]] = {}
+        for name in _FIELDS:
+            value = getattr(self.params, name)
+            if value is None:
+                continue
+            if isinstance(value, tuple):
+                value = [list(v) if isinstance(v, tuple) else v for v in value]
+            out[name] = {"value": value, "source": self.sources.get(name, DEFAULT)}
+        if self.precise is not None:
+            out["precise"] = {"value": self.precise, "source": self.precise_source}
+        return out
+
+
+# -- the layers ------------------------------------------------------------------------------------
+
+def model_layers(info: Any) -> tuple[Layer, Layer]:
+    """The model's two layers from its ModelInfo: the family's published settings and the file's own."""
+    from_file = set(getattr(info, "file_defaults", ()) or ())
+    defaults = dict(info.defaults)
+    return (Layer(FAMILY_DEFAULT, {k: v for k, v in defaults.items() if k not in from_file}),
+            Layer(MODEL_FILE, {k: v for k, v in defaults.items() if k in from_file}))
+
+
+def merge(layers: Iterable[Layer]) -> tuple[DiffusionParams, dict[str, str]]:
+    """The caller's layers (lowest first) as one DiffusionParams and the source of each set field:
+    what every caller passed to `engine.resolve` before (`config.updated(**chat)`, flags)."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for layer in layers:
+        for name, value in layer.values.items():
+            values[name] = value
+            sources[name] = layer.source
+    return DiffusionParams(**values), sources
+
+
+def precise_setting(*choices: tuple[str, bool | None]) -> tuple[bool, str]:
+    """Exact mode from (source, value) pairs, lowest first; a None value is not a choice. Off by default."""
+    value, source = False, DEFAULT
+    for where, choice in choices:
+        if choice is not None:
+            value, source = bool(choice), where
+    return value, source
+
+
+# -- resolution ------------------------------------------------------------------------------------
+
+class _Filling:
+    """DiffusionParams being filled in, with the source of each value."""
+
+    def __init__(self, params: DiffusionParams, sources: Mapping[str, str]) -> None:
+        self.params = params
+        self.sources = dict(sources)
+
+    def fill(self, values: Mapping[str, Any], source: str) -> None:
+        """Fields still None take `values`."""
+        for name, value in values.items():
+            if name in _FIELDS and getattr(self.params, name) is None and value is not None:
+                self.set(name, value, source)
+
+    def set(self, name: str, value: Any, source: str) -> None:
+        self.params = replace(self.params, **{name: value})
+        if value is None:
+            self.sources.pop(name, None)
+        else:
+            self.sources[name] = source
+
+    def done(self) -> dict[str, str]:
+        return {n: self.sources.get(n, DEFAULT) for n in _FIELDS if getattr(self.params, n) is not None}
+
+
+def resolve_params(info: Any, layers: Sequence[Layer] | DiffusionParams | None = None, *,
+                   precise: tuple[bool, str] | None = None) -> ResolvedParams:
+    """The settings a run on the model `info` (a ModelInfo) uses, given the caller's layers (lowest
+    first; a bare DiffusionParams is one "request" layer), with the source of every value. Raises
+    InvalidParameterError as the engine does for settings that do not apply or do not validate."""
+    if isinstance(layers, DiffusionParams) or layers is None:
+        layers = [Layer.of(REQUEST, layers)]
+    params, sources = merge(layers)
+    filling = _Filling(params, sources)
+    family, from_file = model_layers(info)
+    if info.family == "diffusion_gemma":
+        _resolve_uniform(filling, family, from_file)
+    else:
+        _resolve_masked(filling, family, from_file, has_kv_memory=bool(info.has_kv_memory))
+    filling.params.validate()
+    value, where = precise if precise is not None else (None, DEFAULT)
+    return ResolvedParams(filling.params, filling.done(), value, where)
+
+
+def _resolve_masked(f: _Filling, family: Layer, from_file: Layer, *, has_kv_memory: bool) -> None:
+    user = f.params
+    drop: set[str] = set()
+    # the two schedules are alternatives: a user's choice of one drops the model's default of the other
+    if user.eps is not None and user.block_length is None:
+        drop.add("block_length")
+    if user.block_length is not None and user.eps is None:
+        drop.add("eps")
+    # the file's value of a field wins over the family's (fill the file's first)
+    f.fill({k: v for k, v in from_file.values.items() if k not in drop}, MODEL_FILE)
+    f.fill({k: v for k, v in family.values.items() if k not in drop}, FAMILY_DEFAULT)
+    f.fill(MASKED_FALLBACK, FAMILY_DEFAULT)
+    p = f.params
+    if p.block_length is None and p.eps is None:
+        f.set("eps", MASKED_EPS, FAMILY_DEFAULT)
+    p = f.params
+    if p.block_length is not None and p.block_length >= p.gen_length:
+        # one block covers the canvas: no block schedule, the timestep schedule instead
+        f.set("block_length", None, DERIVED)
+        f.fill({"eps": MASKED_EPS}, FAMILY_DEFAULT)
+    if f.params.max_tokens is None:
+        f.set("max_tokens", f.params.gen_length, DERIVED)
+    if f.params.cache == "auto":
+        # prefix caching where the GGUF has KV memory (--cache-capable conversions): 2.4x the
+        # tokens/s of full recompute at 256 tokens (README, "Fast decoding"); Fast-dLLM
+        # (Wu et al. 2025) reports about a point of accuracy for it on LLaDA. Reference mode
+        # and models without KV memory recompute everything.
+        use_prefix = has_kv_memory and f.params.mode != "reference"
+        f.set("cache", "prefix" if use_prefix else "none", DERIVED)
+
+
+def _resolve_uniform(f: _Filling, family: Layer, from_file: Layer) -> None:
+    f.fill(from_file.values, MODEL_FILE)
+    f.fill(family.values, FAMILY_DEFAULT)
+    f.fill(UNIFORM_FALLBACK, FAMILY_DEFAULT)
+    if f.params.max_tokens is None:
+        f.set("max_tokens", max(int(f.params.gen_length), UNIFORM_MIN_MAX_TOKENS), DERIVED)
+    p = f.params
+    if p.mode == "reference":
+        raise InvalidParameterError("reference mode reproduces llama.cpp's masked-diffusion example; "
+                                    "DiffusionGemma is uniform-state diffusion")
+    if p.cache not in ("none", "auto"):
+        raise InvalidParameterError("DiffusionGemma always caches its encoder exactly; --cache does not apply")
+    if p.cache != "none":
+        f.set("cache", "none", DERIVED)  # no masked-diffusion cache: the encoder cache is exact
+    if p.block_length is not None or p.threshold is not None or p.factor is not None:
+        raise InvalidParameterError("--block-length/--threshold/--factor are masked-diffusion options; "
+                                    "DiffusionGemma uses --entropy-bound")
+
+
+# -- sources for values an engine or a server decided ----------------------------------------------
+
+def explain(final: DiffusionParams, layers: Sequence[Layer], info: Any = None, *,
+            precise: tuple[bool, str] | None = None, unknown: str = DERIVED) -> ResolvedParams:
+    """Sources for parameters resolved elsewhere (a remote server's rules, a canvas fitted to the
+    answer): each value is credited to the highest layer that set that very value, else to the
+    model's layers (with `info`: the file's, then the family's), else to `unknown` ("default" for
+    DiffusionParams' own default values)."""
+    candidates = list(reversed(list(layers)))  # the highest layer first
+    if info is not None and getattr(info, "defaults", None) is not None:
+        family, from_file = model_layers(info)
+        fallback = UNIFORM_FALLBACK if getattr(info, "family", None) == "diffusion_gemma" else MASKED_FALLBACK
+        candidates += [from_file, Layer(FAMILY_DEFAULT, {**fallback, **family.values})]
+    sources: dict[str, str] = {}
+    for name in _FIELDS:
+        value = getattr(final, name)
+        if value is None:
+            continue
+        where = next((layer.source for layer in candidates if layer.values.get(name, _MISSING) == value), None)
+        if where is None:
+            where = DEFAULT if value == getattr(_PLAIN, name) else unknown
+        sources[name] = where
+    value, src = precise if precise is not None else (None, DEFAULT)
+    return ResolvedParams(final, sources, value, src)
+
+
+def resolved_for(engine: Any, layers: Sequence[Layer], *, precise: tuple[bool, str] | None = None,
+                 unknown: str = DERIVED, remote: bool = False) -> ResolvedParams:
+    """`engine.resolve` on the merged layers (the values are the engine's, with its own checks) and
+    the source of each. A local engine resolves by `resolve_params`, whose sources are exact; for
+    other engines the sources are credited by `explain`. remote: a server's model, whose settings
+    no layer chose are the server's ("server")."""
+    merged, _ = merge(layers)
+    final = engine.resolve(merged)
+    if remote:
+        return explain(final, layers, precise=precise, unknown=SERVER)
+    info = getattr(engine, "info", None)
+    if info is not None and getattr(info, "defaults", None) is not None:
+        try:
+            tracked = resolve_params(info, layers, precise=precise)
+        except (InvalidParameterError, TypeError, ValueError):  # not a model these rules know
+            tracked = None
+        if tracked is not None and tracked.params == final:
+            return tracked
+    return explain(final, layers, info, precise=precise, unknown=unknown)

@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeAlias
 
+from dgchat.app.engine_protocol import served
+
+from dgchat.remote.client import normalize_url
+
 # tries after a failed connection or a 429/5xx (0.5, 1, 2 s apart); read when an engine connects
 SERVER_RETRIES = 3
 
@@ -29,8 +33,6 @@ class ServerSource:
     def of(cls, url: str, api_key: str | None = None) -> ServerSource:
         """A source from what the user typed; raises InvalidParameterError for a URL that is not
         http(s)://host[:port]."""
-        from dgchat.remote.client import normalize_url
-
         return cls(normalize_url(url), api_key or None)
 
     @property
@@ -58,6 +60,4 @@ def engine_can_count(engine: object) -> bool:
     """Whether the engine has the model's tokenizer (a context count before an answer). A remote
     engine has none: its prompts are messages sent to the server, which reports the count with
     each answer."""
-    from dgchat.app.engine_protocol import served
-
     return served(engine) is None

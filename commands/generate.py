@@ -19,8 +19,18 @@ from dgchat.commands.common import (
     params_from_args,
     resolve_model_path,
 )
+from dgchat.model_backend import llamacpp
+from dgchat.model_backend.engine import DiffusionEngine
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.model_backend.events import FinalEvent, StepEvent
+from dgchat.paths import atomic_write_text
+from dgchat.recording.asciicast import Pace, asciicast, cast_title, check_target, check_width, summary_line
+from dgchat.recording.frame_text import render_step
+from dgchat.recording.history import HistoryRecorder
+from dgchat.remote import RemoteEngine
+from dgchat.remote.cli import add_server_args, server_choice
+from dgchat.remote.engine import flag
+from dgchat.terminal_text import for_stream
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -41,8 +51,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the recording's width in columns (default 80)")
     p.add_argument("--json", action="store_true", help="print the answer and statistics as one JSON object")
     add_sampler_args(p)
-    from dgchat.remote.cli import add_server_args
-
     add_server_args(p)
 
 
@@ -55,13 +63,9 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dgchat.remote.cli import server_choice
-
     urls, api_key = server_choice(args)
     if urls:
         return _run_remote(args, urls[0], api_key)
-    from dgchat.model_backend import llamacpp
-    from dgchat.model_backend.engine import DiffusionEngine
 
     llamacpp.set_verbose(getattr(args, "verbose", False))
     params = params_from_args(args)
@@ -96,21 +100,15 @@ class Recording:
     def from_args(cls, args: argparse.Namespace) -> Recording | None:
         if not getattr(args, "record", None):
             return None
-        from dgchat.recording.asciicast import Pace, check_target, check_width
 
         path = Path(args.record).expanduser()
         check_target(path)
         return cls(path, Pace.parse(args.record_pace), check_width(args.record_width))
 
     def recorder(self, engine) -> Any:
-        from dgchat.recording.history import HistoryRecorder
-
         return HistoryRecorder(engine)
 
     def write(self, recorder: Any, final: FinalEvent, *, title: tuple[str, ...]) -> None:
-        from dgchat.paths import atomic_write_text
-        from dgchat.recording.asciicast import asciicast, cast_title, summary_line
-
         stats = final.stats
         text = asciicast(recorder.history(), final.text, summary=summary_line(stats.tokens, stats.steps, stats.elapsed_s),
                          width=self.width, pace=self.pace, title=cast_title(*title))
@@ -137,8 +135,6 @@ def _report(final: FinalEvent, args: argparse.Namespace, as_json: Callable[[], d
     The answer is the model's (or a server's) text: on a terminal it is printed by the rule of
     dgchat.terminal_text (an ESC shows as ␛, so an answer cannot set the title or clear the screen);
     to a pipe or a file, and always in --json, it is the exact text (docs/SECURITY.md)."""
-    from dgchat.terminal_text import for_stream
-
     if args.json:
         print(json.dumps(as_json(), ensure_ascii=False))
     else:
@@ -154,7 +150,6 @@ def _drive(engine, prompt, params, cancel: threading.Event, *, visual: bool, rec
     show: Callable[[StepEvent], None] = lambda event: None  # noqa: E731
     live = None
     if visual:
-        from dgchat.recording.frame_text import render_step
         from rich.console import Console
         from rich.live import Live
 
@@ -192,9 +187,6 @@ def _as_json(final: FinalEvent, engine, model_path, params) -> dict[str, Any]:
 def _run_remote(args: argparse.Namespace, url: str, api_key: str | None) -> int:
     """The same answer from a server (docs/SCALING.md): dgchat serve streams its canvas (--visual
     draws it as a local run does), other servers stream text."""
-    from dgchat.remote import RemoteEngine
-    from dgchat.remote.engine import flag
-
     params = params_from_args(args)
     recording = Recording.from_args(args)
     prompt_text = _read_prompt(args)

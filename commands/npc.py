@@ -8,7 +8,17 @@ import threading
 from pathlib import Path
 
 from dgchat.commands.common import add_common, add_model_args, ctrl_c_cancels, resolve_model_path
+from dgchat.model_backend import llamacpp
+from dgchat.model_backend.engine import DiffusionEngine
 from dgchat.model_backend.errors import GenerationCancelled, InvalidParameterError
+from dgchat.npc.cards import load_cards
+from dgchat.npc.export import build_export, export_json, write_export
+from dgchat.npc.generator import NpcGenerator
+from dgchat.npc.lines_file import load_lines_file
+from dgchat.remote.cli import add_server_args, server_choice
+from dgchat.remote.npc_lines import check_servers, generate_remote
+from dgchat.remote.pool import ServerPool
+from dgchat.terminal_text import cli_line, for_stream, one_line
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,8 +45,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--precise", action="store_true",
                    help="f32 KV cache: a variant's result does not depend on what else is in its batch (slower)")
     p.add_argument("--list-cards", action="store_true", help="list the character cards found and exit")
-    from dgchat.remote.cli import add_server_args
-
     add_server_args(p, many=True)
 
 
@@ -51,12 +59,8 @@ def _variables(pairs: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dgchat.npc.cards import load_cards
-
     cards = load_cards(args.cards)
     if args.list_cards:
-        from dgchat.terminal_text import for_stream
-
         for card in cards:  # card files come from anywhere: on a terminal by the rule, else exact
             print(for_stream(f"{card.id}\t{card.name}\t{card.source}", sys.stdout))
         if not cards:
@@ -80,12 +84,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out == "-" and fmt != "json":
         raise InvalidParameterError("standard output takes JSON only")
 
-    from dgchat.npc.lines_file import load_lines_file
-
     lines = load_lines_file(args.lines)
     specs = lines.specs(cards, count=args.count, seed=args.seed, variables=_variables(args.var))
-
-    from dgchat.remote.cli import server_choice
 
     urls, api_key = server_choice(args)
     if urls:
@@ -99,10 +99,6 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write("dgchat: stopped (Ctrl-C); nothing was written\n")
             return 130
         return _write(batches, args, fmt)
-
-    from dgchat.model_backend import llamacpp
-    from dgchat.model_backend.engine import DiffusionEngine
-    from dgchat.npc.generator import NpcGenerator
 
     llamacpp.set_verbose(getattr(args, "verbose", False))
     engine = DiffusionEngine.load(resolve_model_path(args.model), n_gpu_layers=args.n_gpu_layers,
@@ -120,8 +116,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write(batches: list, args: argparse.Namespace, fmt: str) -> int:
-    from dgchat.npc.export import build_export, export_json, write_export
-
     rejected = []
     for batch in batches:
         batch.keep_all()
@@ -131,7 +125,6 @@ def _write(batches: list, args: argparse.Namespace, fmt: str) -> int:
         sys.stdout.write(export_json(document))
     else:
         write_export(args.out, document, fmt)
-    from dgchat.terminal_text import cli_line
 
     for batch, v in rejected:  # the problem quotes the model's line: one safe line
         cli_line("warning", f"{batch.spec.card.id}/{batch.spec.context or '-'} variant {v.index} "
@@ -180,10 +173,6 @@ def _generate_remote(urls: list[str], api_key: str | None, specs: list, args: ar
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from dgchat.remote.npc_lines import check_servers, generate_remote
-    from dgchat.remote.pool import ServerPool
-    from dgchat.terminal_text import one_line
 
     console = Console(stderr=True)
     started = time.perf_counter()

@@ -7,7 +7,12 @@ import asyncio
 import os
 
 from dgchat.commands.common import add_common, add_model_args, resolve_model_path
+from dgchat.model_backend import llamacpp
+from dgchat.model_backend.engine import DiffusionEngine
+from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.server import DEFAULT_PORT  # the server itself is imported when the command runs
+from dgchat.server.app import ServeConfig, serve
+from dgchat.server.logs import write_stderr
 
 TOKEN_ENV = "DGCHAT_API_TOKEN"
 
@@ -49,9 +54,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _token(args: argparse.Namespace) -> str | None:
     """--token, else --token-file's first line, else $DGCHAT_API_TOKEN."""
-    from dgchat.model_backend.errors import InvalidParameterError
-    from dgchat.server.logs import write_stderr
-
     if args.token is not None:
         write_stderr(f"dgchat serve: warning: --token is visible to other users of this machine (`ps`); "
                      f"prefer --token-file PATH or ${TOKEN_ENV}")
@@ -70,18 +72,11 @@ def _token(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dgchat.server.app import ServeConfig
-    from dgchat.server.logs import write_stderr
-
     config = ServeConfig(host=args.host, port=args.port, token=_token(args), max_body=args.max_body,
                          max_queue=args.max_queue, model_id=args.model_id,
                          cards=tuple(args.cards) if args.cards else None, quiet=args.quiet,
                          allow_hosts=tuple(args.allow_host), allow_origins=tuple(args.allow_origin))
     config.validate()  # before loading the model: a refused --host costs nothing
-
-    from dgchat.model_backend import llamacpp
-    from dgchat.model_backend.engine import DiffusionEngine
-    from dgchat.server.app import serve
 
     llamacpp.set_verbose(getattr(args, "verbose", False))
     engine = DiffusionEngine.load(resolve_model_path(args.model), n_gpu_layers=args.n_gpu_layers,
@@ -95,8 +90,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         stopped_cleanly = asyncio.run(serve(engine, config, ready=ready))
     except OSError as exc:
-        from dgchat.model_backend.errors import DgchatError
-
         stopped_cleanly = True  # it never started serving
         raise DgchatError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
     finally:

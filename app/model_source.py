@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TypeAlias
 
 from dgchat.app.engine_protocol import served
-
 from dgchat.remote.client import normalize_url
 
 # tries after a failed connection or a 429/5xx (0.5, 1, 2 s apart); read when an engine connects

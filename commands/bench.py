@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from dgchat.commands.common import add_common, add_model_args, resolve_model_path
-from dgchat.convert.default_model import plays_data, word_validity as wv
+from dgchat.convert.default_model import plays_data
+from dgchat.convert.default_model import word_validity as wv
 from dgchat.convert.default_model.word_validity import answer_text, parse_settings
 from dgchat.model_backend.engine import DiffusionEngine
 from dgchat.model_backend.errors import InvalidParameterError

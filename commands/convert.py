@@ -9,8 +9,7 @@ from pathlib import Path
 from dgchat.commands.common import add_common, threads_arg
 from dgchat.convert.api import convert
 from dgchat.convert.quantize import QUANT_TYPES
-
-OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0")  # dgchat.convert.writer.OUTTYPES, without importing numpy
+from dgchat.convert.writer import OUTTYPES
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -50,9 +50,9 @@ from dgchat.hub.machine_profile import MachineProfile
 from dgchat.hub.manager import ModelRow, PullResult
 from dgchat.hub.util import format_bytes
 from dgchat.model_backend.errors import DgchatError
-from dgchat.npc.toml_write import toml_string
 from dgchat.terminal_text import safe_message
 from dgchat.toml_files import TomlFileError, parse_toml, read_regular_file
+from dgchat.toml_write import toml_string
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding

@@ -31,9 +31,9 @@ from typing import Any
 from dgchat.hub import paths
 from dgchat.hub.errors import HubError
 from dgchat.hub.util import format_bytes, llamacpp_module, parse_size
-from dgchat.npc.toml_write import toml_table
 from dgchat.paths import atomic_write_text
 from dgchat.toml_files import TomlFileError, read_toml
+from dgchat.toml_write import toml_table
 
 EDITABLE = ("cpu_cores", "ram_total", "disk_free", "gpu_offload", "vram_total", "vram_free", "unified_memory")
 _INT_FIELDS = ("cpu_cores", "ram_total", "disk_free", "vram_total", "vram_free")

@@ -25,15 +25,10 @@ from typing import Any
 import numpy as np
 
 from dgchat.convert.api import convert
-
 from dgchat.convert.default_model.token_windows import Windows
-
 from dgchat.model_backend.engine import DiffusionEngine
-
 from dgchat.model_backend.events import FinalEvent
-
 from dgchat.model_backend.params import DiffusionParams
-
 from dgchat.paths import atomic_write_bytes, atomic_write_text
 
 TYPES = ("f32", "f16", "q8_0")  # largest first; the smallest that keeps quality ships

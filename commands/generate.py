@@ -19,8 +19,6 @@ from dgchat.commands.common import (
     params_from_args,
     resolve_model_path,
 )
-from dgchat.model_backend import llamacpp
-from dgchat.model_backend.engine import DiffusionEngine
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.model_backend.events import FinalEvent, StepEvent
 from dgchat.paths import atomic_write_text
@@ -66,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
     urls, api_key = server_choice(args)
     if urls:
         return _run_remote(args, urls[0], api_key)
+    # heavy (llama.cpp's shared library): imported when a local model runs, so that
+    # `dgchat generate --help` and `--server` runs load no llama.cpp
+    from dgchat.model_backend import llamacpp
+    from dgchat.model_backend.engine import DiffusionEngine
 
     llamacpp.set_verbose(getattr(args, "verbose", False))
     params = params_from_args(args)

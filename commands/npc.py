@@ -8,8 +8,6 @@ import threading
 from pathlib import Path
 
 from dgchat.commands.common import add_common, add_model_args, ctrl_c_cancels, resolve_model_path
-from dgchat.model_backend import llamacpp
-from dgchat.model_backend.engine import DiffusionEngine
 from dgchat.model_backend.errors import GenerationCancelled, InvalidParameterError
 from dgchat.npc.cards import load_cards
 from dgchat.npc.export import build_export, export_json, write_export
@@ -99,6 +97,11 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write("dgchat: stopped (Ctrl-C); nothing was written\n")
             return 130
         return _write(batches, args, fmt)
+
+    # heavy (llama.cpp's shared library): imported when a local model runs, so that
+    # `dgchat npc --help` and `--server` runs load no llama.cpp
+    from dgchat.model_backend import llamacpp
+    from dgchat.model_backend.engine import DiffusionEngine
 
     llamacpp.set_verbose(getattr(args, "verbose", False))
     engine = DiffusionEngine.load(resolve_model_path(args.model), n_gpu_layers=args.n_gpu_layers,

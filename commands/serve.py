@@ -7,11 +7,8 @@ import asyncio
 import os
 
 from dgchat.commands.common import add_common, add_model_args, resolve_model_path
-from dgchat.model_backend import llamacpp
-from dgchat.model_backend.engine import DiffusionEngine
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.server import DEFAULT_PORT  # the server itself is imported when the command runs
-from dgchat.server.app import ServeConfig, serve
 from dgchat.server.logs import write_stderr
 
 TOKEN_ENV = "DGCHAT_API_TOKEN"
@@ -72,11 +69,19 @@ def _token(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # heavy (the HTTP server's stack; then llama.cpp's shared library): imported when the command
+    # runs, so that `dgchat serve --help` loads neither
+    from dgchat.server.app import ServeConfig
+
     config = ServeConfig(host=args.host, port=args.port, token=_token(args), max_body=args.max_body,
                          max_queue=args.max_queue, model_id=args.model_id,
                          cards=tuple(args.cards) if args.cards else None, quiet=args.quiet,
                          allow_hosts=tuple(args.allow_host), allow_origins=tuple(args.allow_origin))
     config.validate()  # before loading the model: a refused --host costs nothing
+
+    from dgchat.model_backend import llamacpp
+    from dgchat.model_backend.engine import DiffusionEngine
+    from dgchat.server.app import serve
 
     llamacpp.set_verbose(getattr(args, "verbose", False))
     engine = DiffusionEngine.load(resolve_model_path(args.model), n_gpu_layers=args.n_gpu_layers,

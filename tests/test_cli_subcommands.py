@@ -42,3 +42,10 @@ def test_a_commands_help_imports_that_command_only() -> None:
     commands = {m for m in modules if m.startswith("dgchat.commands.")}
     assert commands == {"dgchat.commands.common", "dgchat.commands.models"}
     assert "textual" not in modules
+
+
+@pytest.mark.parametrize("name", ["generate", "serve", "npc", "models", "convert"])
+def test_a_commands_help_loads_no_engine(name: str) -> None:
+    # llama.cpp's shared library (and the HTTP server) load when a command runs a model, not for its --help
+    modules = _modules_after([name, "--help"])
+    assert not [m for m in modules if m.split(".")[0] in HEAVY or m in HEAVY]

@@ -9,7 +9,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from dgchat import assets
+from dgchat.app import terminal_guard
+from dgchat.app.chat_screen import ChatScreen
 from dgchat.app.commands import PROVIDERS
+from dgchat.app.confirm_modal import ConfirmModal
+from dgchat.app.drafting_screen import DraftingScreen, open_drafting
+from dgchat.app.edit_modal import EditModal
+from dgchat.app.error_modal import ErrorModal as _Error
+from dgchat.app.model_picker import ModelPicker
+from dgchat.app.models_screen import ModelsScreen
+from dgchat.app.npc_card_modal import CardModal
+from dgchat.app.npc_screen import NpcScreen, open_workshop
+from dgchat.app.prompt_modal import PromptModal
+from dgchat.app.search_modal import SearchModal
+from dgchat.app.settings_modal import SettingsModal
+from dgchat.app.widgets.chat_list import ChatList
+from dgchat.app.widgets.message import MessageView
+from dgchat.app.widgets.npc import CardList, VariantView
+from dgchat.app.widgets.prompt_input import PromptInput
+from dgchat.app.wizard_screen import WizardScreen
 from dgchat.config import Config, validate_for_app
 from dgchat.app.help_modal import HelpModal, HelpRows, remap_hint
 from dgchat.app.model_source import ModelSource
@@ -19,6 +38,7 @@ from dgchat.app.session import ModelSession, SessionCall
 from dgchat.app.store import Store
 from dgchat.app.tool_commands import TOOL_PROVIDERS
 from dgchat.app.tool_screen import tool_screens
+from dgchat.model_backend import rpc
 from dgchat.terminal_text import safe_document, safe_message
 from textual.app import App
 from textual.binding import Binding
@@ -53,8 +73,6 @@ class DgchatApp(App[int]):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        from dgchat.app import terminal_guard
-
         terminal_guard.install()  # no control character of any widget's text reaches the terminal
         self.config = config
         self.store = store
@@ -77,8 +95,6 @@ class DgchatApp(App[int]):
     # -- startup --------------------------------------------------------------------------------
     @property
     def chat_screen(self):  # -> ChatScreen
-        from dgchat.app.chat_screen import ChatScreen
-
         for screen in reversed(self.screen_stack):
             if isinstance(screen, ChatScreen):
                 return screen
@@ -88,8 +104,6 @@ class DgchatApp(App[int]):
         theme = self.config.theme or self.store.get_setting("theme") or DARK
         self.theme = theme if theme in self.available_themes else DARK
         self.theme_changed_signal.subscribe(self, self._remember_theme)
-        from dgchat.app.chat_screen import ChatScreen
-
         self.push_screen(ChatScreen(open_chat=self.open_chat_id))
         first = self.first_run_screen()
         # the wizard loads the model the user picks; loading the fallback meanwhile would be wasted
@@ -97,7 +111,6 @@ class DgchatApp(App[int]):
             self.session.load(self.session.default_path)
         if first is not None:
             self.push_screen(first, self._after_first_run)
-        from dgchat.model_backend import rpc
 
         for warning in rpc.notices():  # --rpc to a non-private address: say it where the user looks
             self.notify(warning, title="llama.cpp RPC", severity="warning", timeout=30)
@@ -109,8 +122,6 @@ class DgchatApp(App[int]):
         (app/wizard_screen.py), which writes the config. Otherwise, when there is no model to use,
         a screen saying so and how to give one; a result of "open" from it opens the model picker."""
         if not self.config.exists and not self._model_given():
-            from dgchat.app.wizard_screen import WizardScreen
-
             return WizardScreen()
         if self.session.default_path is None:
             return NoModelScreen(short_path(self.config.path))
@@ -118,10 +129,8 @@ class DgchatApp(App[int]):
 
     def _model_given(self) -> bool:
         """A model named on the command line or in $DGCHAT_MODEL (not the bundled fallback)."""
-        from dgchat.assets import bundled_model_path
-
         default = self.session.default_path
-        return default is not None and default != bundled_model_path()
+        return default is not None and default != assets.bundled_model_path()
 
     def _after_first_run(self, result: str | None) -> None:
         if result == "open":
@@ -144,9 +153,6 @@ class DgchatApp(App[int]):
 
     def action_models(self) -> None:
         """The Models screen: list, pull, remove, import, verify and switch models."""
-        from dgchat.app.models_screen import ModelsScreen
-        from dgchat.app.wizard_screen import WizardScreen
-
         if any(isinstance(s, (ModelsScreen, WizardScreen)) for s in self.screen_stack):
             return
         def used(path: Path | None) -> None:
@@ -159,9 +165,6 @@ class DgchatApp(App[int]):
         """The first-run setup again (palette: setup: …); start="hardware" opens it at the machine
         step, to correct the detected values (kept in hardware.toml). Not while the model works:
         the setup's test would have to stop it."""
-        from dgchat.app.models_screen import ModelsScreen
-        from dgchat.app.wizard_screen import WizardScreen
-
         if any(isinstance(s, WizardScreen) for s in self.screen_stack):
             return
         if any(isinstance(s, ModelsScreen) for s in self.screen_stack):
@@ -173,13 +176,9 @@ class DgchatApp(App[int]):
         self.push_screen(WizardScreen(rerun=True, start=start))
 
     def action_npc_workshop(self) -> None:
-        from dgchat.app.npc_screen import open_workshop
-
         open_workshop(self)
 
     def action_drafting(self) -> None:
-        from dgchat.app.drafting_screen import open_drafting
-
         open_drafting(self)
 
     def action_help(self) -> None:
@@ -220,23 +219,6 @@ class DgchatApp(App[int]):
 
 def binding_sources() -> list[tuple[str, list[type]]]:
     """Every class with remappable bindings, grouped for the help panel; also validates [keys]."""
-    from dgchat.app.chat_screen import ChatScreen
-    from dgchat.app.confirm_modal import ConfirmModal
-    from dgchat.app.drafting_screen import DraftingScreen
-    from dgchat.app.edit_modal import EditModal
-    from dgchat.app.error_modal import ErrorModal as _Error
-    from dgchat.app.model_picker import ModelPicker
-    from dgchat.app.models_screen import ModelsScreen
-    from dgchat.app.npc_card_modal import CardModal
-    from dgchat.app.npc_screen import NpcScreen
-    from dgchat.app.prompt_modal import PromptModal
-    from dgchat.app.search_modal import SearchModal
-    from dgchat.app.settings_modal import SettingsModal
-    from dgchat.app.widgets.chat_list import ChatList
-    from dgchat.app.widgets.message import MessageView
-    from dgchat.app.widgets.npc import CardList, VariantView
-    from dgchat.app.widgets.prompt_input import PromptInput
-
     return [
         ("App", [DgchatApp]),
         ("Chat", [ChatScreen]),
@@ -259,8 +241,6 @@ def binding_sources() -> list[tuple[str, list[type]]]:
 
 
 def _is_wizard(screen: Screen | None) -> bool:
-    from dgchat.app.wizard_screen import WizardScreen
-
     return isinstance(screen, WizardScreen)
 
 

@@ -33,9 +33,19 @@ from dgchat.app.confirm_modal import ConfirmModal
 from dgchat.app.edit_modal import EditModal
 from dgchat.model_backend.engine_protocol import served
 from dgchat.app.error_modal import ErrorModal
-from dgchat.app.export import default_export_path, export_chat
+from dgchat.app.export import (
+    default_export_path,
+    default_recording_path,
+    export_chat,
+    export_dir,
+    export_error_text,
+    export_problem,
+    export_recording,
+    export_target,
+)
 from dgchat.app.generation import ChatAnswer, ContextCount, ContextCountJob
 from dgchat.app.live_view import LiveView
+from dgchat.app.model_picker import ModelPicker
 from dgchat.app.model_source import ModelSource, ServerSource
 from dgchat.app.paths import display_name, short_path
 from dgchat.app.prompt_modal import PromptModal
@@ -48,11 +58,14 @@ from dgchat.app.widgets.canvas import LiveCanvas
 from dgchat.app.widgets.chat_list import ChatList
 from dgchat.app.widgets.conversation import Conversation
 from dgchat.app.widgets.message import MessageView
+from dgchat.app.widgets.path_suggester import PathSuggester
 from dgchat.app.widgets.prompt_input import PromptInput
 from dgchat.app.widgets.replay import DEFAULT_PACE, ReplayView
 from dgchat.app.widgets.status_bar import StatusBar
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.model_backend.param_resolution import CHAT, CONFIG, DEFAULT, Layer, ResolvedParams, resolved_for
+from dgchat.model_backend.gguf_file import read_gguf_header
+from dgchat.model_backend.model_info import inspect_header
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.recording.history import DenoisingHistory, HistoryError
 from dgchat.terminal_text import one_line
@@ -66,9 +79,6 @@ from textual.widgets import Footer, Header, Label
 
 def check_model_file(path: str) -> str | None:
     """Why `path` is not a usable model, from its header alone, or None."""
-    from dgchat.model_backend.gguf_file import read_gguf_header
-    from dgchat.model_backend.model_info import inspect_header
-
     try:
         inspect_header(read_gguf_header(Path(path).expanduser()))
     except DgchatError as exc:
@@ -839,16 +849,6 @@ class ChatScreen(Screen):
     def export_recording(self, message: Message, history: DenoisingHistory | None = None, *,
                          seconds_per_step: float | None = 1.0 / DEFAULT_PACE) -> None:
         """Ask where, then write the answer's denoising as a .cast file (asciinema's format)."""
-        from dgchat.app.export import (
-            default_recording_path,
-            export_dir,
-            export_error_text,
-            export_problem,
-            export_recording,
-            export_target,
-        )
-        from dgchat.app.widgets.path_suggester import PathSuggester
-
         chat = self.store.get_chat(message.chat_id)
         history = history if history is not None else self.load_recording(message)
         if history is None or chat is None:
@@ -881,14 +881,6 @@ class ChatScreen(Screen):
         ))
 
     def action_export(self) -> None:
-        from dgchat.app.export import (
-            export_dir,
-            export_error_text,
-            export_problem,
-            export_target,
-        )
-        from dgchat.app.widgets.path_suggester import PathSuggester
-
         if self.chat is None:
             self.notify("Nothing to export yet.")
             return
@@ -1047,8 +1039,6 @@ class ChatScreen(Screen):
         self.notify("Sampler settings back to the model's defaults.")
 
     def action_open_model(self) -> None:
-        from dgchat.app.model_picker import ModelPicker
-
         if self._busy():
             return
 

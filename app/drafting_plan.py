@@ -35,6 +35,7 @@ from dgchat.model_backend.params import DiffusionParams
 from dgchat.model_backend.requests import CanvasTemplate
 from dgchat.npc.errors import TemplateError
 from dgchat.npc.templates import Tokenizer
+from dgchat.remote import RemotePrompt
 
 MAX_BEFORE_TOKENS = 1024
 MAX_AFTER_TOKENS = 512
@@ -178,8 +179,6 @@ def estimate_tokens(text: str) -> int:
 def plan_remote(engine: Engine, request: DraftRequest, base: DiffusionParams) -> DraftPlan:
     """The request for a server's model (see the module docstring): the prompt is a RemotePrompt
     carrying the text (and, for a rewrite, the text after as the completion's suffix)."""
-    from dgchat.remote import RemotePrompt
-
     server = served(engine)
     if server is None:
         raise DgchatError("plan_remote needs a server's model")

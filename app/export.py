@@ -19,6 +19,7 @@ from pathlib import Path
 
 from dgchat.app.paths import atomic_write_text, data_dir
 from dgchat.app.store import Chat, Message
+from dgchat.config import resolve_folder
 from dgchat.recording.asciicast import MAX_WIDTH, MIN_WIDTH, Pace, asciicast, cast_title, summary_line
 from dgchat.recording.history import DenoisingHistory
 from dgchat.terminal_text import safe_document
@@ -44,8 +45,6 @@ def default_export_dir() -> Path:
 def export_dir(configured: str | None) -> Path:
     """The export folder: the config's export_dir (absolute: app.config.resolve_folder, which
     load_config applied already; applying it again changes nothing), else the default."""
-    from dgchat.config import resolve_folder
-
     return resolve_folder(configured) if configured else default_export_dir()
 
 

@@ -6,11 +6,14 @@ import argparse
 import os
 from pathlib import Path
 
+from dgchat import assets
 from dgchat.app import paths
+from dgchat.app.app import DgchatApp
 from dgchat.config import Config, load_config
 from dgchat.app.model_source import ModelSource, ServerSource
 from dgchat.app.store import Store
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
+from dgchat.remote.client import API_KEY_ENV
 
 
 def resolve_app_model(arg: str | None, config: Config) -> Path | None:
@@ -22,9 +25,8 @@ def resolve_app_model(arg: str | None, config: Config) -> Path | None:
         return Path(env).expanduser()
     if config.default_model:
         return Path(config.default_model).expanduser()
-    from dgchat.assets import bundled_model_path
 
-    return bundled_model_path()
+    return assets.bundled_model_path()
 
 
 def resolve_app_source(args: argparse.Namespace, config: Config) -> ModelSource | None:
@@ -39,7 +41,6 @@ def resolve_app_source(args: argparse.Namespace, config: Config) -> ModelSource 
         server = config.server_url
     if not server:
         return resolve_app_model(model, config)
-    from dgchat.remote.client import API_KEY_ENV
 
     key = getattr(args, "api_key", None) or os.environ.get(API_KEY_ENV) or config.server_api_key
     return ServerSource.of(server, key)
@@ -54,7 +55,6 @@ def build_app(args: argparse.Namespace, **kwargs):
         chat_id = getattr(args, "chat", None)
         if chat_id is not None and store.get_chat(chat_id) is None:
             raise DgchatError(f"no saved chat with id {chat_id} (chats are in {paths.db_path()})")
-        from dgchat.app.app import DgchatApp
 
         return DgchatApp(
             config=config, store=store, model_path=source,

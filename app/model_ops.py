@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from dgchat.app.confirm_modal import ConfirmModal
-from dgchat.app.paths import short_path
+from dgchat.app.paths import atomic_write_text, short_path
 from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
+from dgchat.config import ConfigError
 from dgchat.hub import (
     DiskFullError,
     DownloadCancelled,
@@ -41,6 +42,8 @@ from dgchat.hub import (
     TokenRequiredError,
     VerificationError,
     detect_hardware,
+    machine_profile,
+    store_token,
 )
 from dgchat.hub.fit import TOO_SLOW, Fit, FitEstimate
 from dgchat.hub.machine_profile import MachineProfile
@@ -49,6 +52,7 @@ from dgchat.hub.util import format_bytes
 from dgchat.model_backend.errors import DgchatError
 from dgchat.terminal_text import safe_message
 from dgchat.toml_files import TomlFileError, parse_toml, read_regular_file
+from dgchat.toml_write import toml_string
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -89,10 +93,8 @@ def saved_profile(threads: int | None) -> MachineProfile | None:
     """This machine's speed as measured before (the user cache folder), or None when it never was
     for this engine build and thread count. Reads a file and loads the engine library, so it runs
     in the detection worker, never on the UI thread."""
-    from dgchat.hub.machine_profile import cached_profile
-
     try:
-        return cached_profile(threads)
+        return machine_profile.cached_profile(threads)
     except (DgchatError, OSError):  # no engine: measuring says why, in words
         return None
 
@@ -121,13 +123,11 @@ def start_profile_task(node: Widget, threads: int | None, *, progress: Callable[
     (ProfileCancelled; nothing is saved)."""
 
     def call(on_progress: Callable[[Progress], None], cancel: threading.Event) -> MachineProfile:
-        from dgchat.hub.machine_profile import ensure_profile
-
         # each part measured is its own "phase", so HubTask's throttle never drops a change of what
         def report(fraction: float, what: str) -> None:
             on_progress(Progress(phase=what, name=what, done=round(1000 * fraction), total=1000))
 
-        return ensure_profile(threads, progress=report, cancel=cancel)
+        return machine_profile.ensure_profile(threads, progress=report, cancel=cancel)
 
     return start_hub_task(node, "measure-machine", call, progress=lambda p: progress(p.done / 1000, p.phase),
                           done=done, failed=failed)
@@ -715,8 +715,6 @@ class TokenModal(ModalScreen[bool]):
         self.query_one("#ok", Button).disabled = True
 
         def call(_progress: Callable[[Progress], None], _cancel: threading.Event) -> Any:
-            from dgchat.hub import store_token
-
             return store_token(token)
 
         self._store_task = start_hub_task(self, "store-token", call, progress=lambda p: None,
@@ -750,8 +748,6 @@ CONFIG_HEADER = (
 def _config_lines(config_path: Path) -> list[str]:
     """The config file's lines, each ending in a newline (a new file's header when there is none),
     for the edits below that keep comments and everything they do not touch."""
-    from dgchat.config import ConfigError
-
     try:  # a regular file of bounded size (a FIFO would block the app)
         old = read_regular_file(config_path).decode("utf-8")
     except TomlFileError as exc:
@@ -769,10 +765,6 @@ def _config_lines(config_path: Path) -> list[str]:
 def save_default_model(config_path: Path, model_path: Path | str | None) -> None:
     """Set (or with None remove) `default_model` in the config file, keeping everything else as it
     is (comments, other keys, tables); creates the file if there is none. Atomic."""
-    from dgchat.config import ConfigError
-    from dgchat.app.paths import atomic_write_text
-    from dgchat.npc.toml_write import toml_string
-
     config_path = Path(config_path)
     lines = _config_lines(config_path)
     first_table = next((i for i, line in enumerate(lines) if _TABLE_RE.match(line)), len(lines))
@@ -801,10 +793,6 @@ def save_server(config_path: Path, url: str | None, api_key: str | None = None) 
     otherwise, so a key meant for another server is never sent to this one), or with url None
     remove both. Everything else in the file stays as it is (comments, other keys and tables);
     creates the file if there is none. Atomic."""
-    from dgchat.config import ConfigError
-    from dgchat.app.paths import atomic_write_text
-    from dgchat.npc.toml_write import toml_string
-
     config_path = Path(config_path)
     lines = _config_lines(config_path)
     header = next((i for i, line in enumerate(lines) if _SERVER_TABLE_RE.match(line)), None)

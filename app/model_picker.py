@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dgchat import assets
 from dgchat.app import model_ops
 from dgchat.app.paths import short_path
 from dgchat.app.widgets.path_suggester import (
@@ -436,10 +437,8 @@ class ModelPicker(ModalScreen[Path | None]):
             self._say(f"No such file or folder: {text}", error=True)
 
     def _browse(self) -> None:
-        from dgchat.assets import bundled_model_path
-
         # from the model in use's folder; the bundled model's folder is inside dgchat's package
-        start = self.current.parent if self.current is not None and self.current != bundled_model_path() \
+        start = self.current.parent if self.current is not None and self.current != assets.bundled_model_path() \
             else Path.home()
         if not start.is_dir():
             start = Path.home()

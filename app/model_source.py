@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TypeAlias
 
 from dgchat.model_backend.engine_protocol import Engine, served
+from dgchat.remote.client import normalize_url
 
 # tries after a failed connection or a 429/5xx (0.5, 1, 2 s apart); read when an engine connects
 SERVER_RETRIES = 3
@@ -31,8 +32,6 @@ class ServerSource:
     def of(cls, url: str, api_key: str | None = None) -> ServerSource:
         """A source from what the user typed; raises InvalidParameterError for a URL that is not
         http(s)://host[:port]."""
-        from dgchat.remote.client import normalize_url
-
         return cls(normalize_url(url), api_key or None)
 
     @property

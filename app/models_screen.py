@@ -46,11 +46,14 @@ from dgchat.app.model_ops import (
 from dgchat.app.model_source import ModelSource, ServerSource
 from dgchat.app.prompt_modal import PromptModal
 from dgchat.hub import DownloadCancelled, Hardware, TokenRequiredError
-from dgchat.hub.machine_profile import MachineProfile
+from dgchat.hub.machine_profile import MachineProfile, ProfileCancelled
 from dgchat.hub.manager import ModelRow, PullResult
 from dgchat.hub.registry import InstalledModel
 from dgchat.hub.util import format_bytes
 from dgchat.model_backend.errors import DgchatError
+from dgchat.model_backend.gguf_file import read_gguf_header
+from dgchat.model_backend.model_info import inspect_header
+from dgchat.remote.client import API_KEY_ENV
 from dgchat.terminal_text import one_line
 from textual import events
 from textual.app import ComposeResult
@@ -92,9 +95,6 @@ def hardware_line(hw: Hardware, *, short: bool = False) -> str:
 
 def import_check(text: str) -> str | None:
     """Why `text` cannot be imported, from the file's header alone, or None."""
-    from dgchat.model_backend.gguf_file import read_gguf_header
-    from dgchat.model_backend.model_info import inspect_header
-
     if not text:
         return "enter the path of a GGUF file"
     path = Path(text).expanduser()
@@ -246,8 +246,6 @@ class ModelsScreen(Screen[ModelSource | None]):
         self.refresh_rows()
 
     def _measure_failed(self, exc: BaseException) -> None:
-        from dgchat.hub.machine_profile import ProfileCancelled
-
         self.profile_task = None
         if isinstance(exc, ProfileCancelled):
             return
@@ -276,8 +274,6 @@ class ModelsScreen(Screen[ModelSource | None]):
                 return source
         if config.server_url:
             import os
-
-            from dgchat.remote.client import API_KEY_ENV
 
             try:
                 return ServerSource.of(config.server_url, os.environ.get(API_KEY_ENV) or config.server_api_key)
@@ -719,8 +715,6 @@ class ModelsScreen(Screen[ModelSource | None]):
             if not text:
                 return
             path = Path(text).expanduser()
-            from dgchat.model_backend.gguf_file import read_gguf_header
-
             try:
                 convert = read_gguf_header(path).architecture == "diffusion-gemma"
             except (DgchatError, OSError) as exc:

@@ -40,6 +40,7 @@ from dgchat.npc.generator import (
 )
 from dgchat.npc.paths import data_dir
 from dgchat.npc.templates import parse_template
+from dgchat.remote.npc_lines import batch_from_infill, infill_body
 from dgchat.terminal_text import one_line
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -435,8 +436,6 @@ class NpcScreen(ToolScreen):
             if server is not None:
                 # the server runs the same generator on the spec (remote/npc_lines.py); no canvases
                 # cross the wire for lines, so the batch shows when the server's answer is complete
-                from dgchat.remote.npc_lines import batch_from_infill, infill_body
-
                 job.record(-1, None, phase="on the server", progress=(0, spec.count))
                 answer = server.infill(infill_body(spec, max_attempts=4))
                 return batch_from_infill(spec, answer, server.url)

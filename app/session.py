@@ -30,10 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 from dgchat.app import model_source
 from dgchat.model_backend.engine_protocol import Engine, served
+from dgchat.app.error_modal import ErrorModal
 from dgchat.app.model_source import ModelSource, ServerSource, as_source
-from dgchat.app.paths import display_name
+from dgchat.app.paths import display_name, short_path
+from dgchat.model_backend import loader
 from dgchat.model_backend.errors import GenerationCancelled, error_text
 from dgchat.model_backend.events import StepEvent
+from dgchat.remote.engine import RemoteEngine
 from textual.message import Message
 from textual.message_pump import MessagePump
 
@@ -49,13 +52,10 @@ def load_engine(path: ModelSource, *, n_gpu_layers: int | None, n_threads: int |
     """Load a model file, or connect to a server's model (tests replace this to wrap the engine).
     precise: config.toml's [engine] precise (f32 KV cache, no flash attention; a server has its own)."""
     if isinstance(path, ServerSource):
-        from dgchat.remote.engine import RemoteEngine
-
         # the server's /v1/models answers here: a dead server or a wrong key fails the "load"
         engine = RemoteEngine.connect(path.url, api_key=path.api_key, retries=model_source.SERVER_RETRIES)
         progress(1.0)
         return engine
-    from dgchat.model_backend import loader
 
     return loader.load_engine(path, n_gpu_layers=n_gpu_layers, n_threads=n_threads, progress=progress,
                               precise=precise)
@@ -310,9 +310,6 @@ class ModelSession:
         self.loading_path = None
         self.load_errors[path] = message
         if report:
-            from dgchat.app.error_modal import ErrorModal
-            from dgchat.app.paths import short_path
-
             title = "Server not available" if isinstance(path, ServerSource) else "Model failed to load"
             self.app.push_screen(ErrorModal(title, f"{short_path(path)}\n\n{message}"))
         self._changed("failed", path, message)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dgchat.app.model_picker import ModelPicker
+from dgchat.app.models_screen import ModelsScreen
 from dgchat.app.paths import display_name
 from dgchat.app.sampler_text import annealed
 from dgchat.app.widgets.path_suggester import PathSuggester
@@ -447,8 +448,6 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
 
     def _open_models(self) -> None:
         """The Models screen over these settings; the model it is told to Use fills the Model field."""
-        from dgchat.app.models_screen import ModelsScreen
-
         if any(isinstance(s, ModelsScreen) for s in self.app.screen_stack):
             return
         self.app.push_screen(ModelsScreen(), self._model_chosen)

@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from dgchat.app.commands import Command, NamespacedProvider
+from dgchat.app.drafting_screen import DraftingScreen, open_drafting
+from dgchat.app.npc_screen import NpcScreen, open_workshop
 
 
 class NpcCommands(NamespacedProvider):
     namespace = "npc"
 
     def commands(self) -> Iterable[Command]:
-        from dgchat.app.npc_screen import NpcScreen, open_workshop
-
         app = self.dgchat
         items: list[Command] = [
             ("open workshop", "Character cards, NPC lines with holes, variants, export", lambda: open_workshop(app)),
@@ -38,8 +38,6 @@ class DraftCommands(NamespacedProvider):
     namespace = "draft"
 
     def commands(self) -> Iterable[Command]:
-        from dgchat.app.drafting_screen import DraftingScreen, open_drafting
-
         app = self.dgchat
         items: list[Command] = [
             ("open drafting", "A document the model helps write: rewrite, fill, continue", lambda: open_drafting(app)),

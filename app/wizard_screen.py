@@ -43,6 +43,7 @@ import threading
 from dataclasses import replace
 from typing import Any
 
+from dgchat import assets
 from dgchat.app import model_ops
 from dgchat.model_backend.engine_protocol import served
 from dgchat.app.generation import ChatAnswer
@@ -56,10 +57,19 @@ from dgchat.app.model_ops import (
     start_hub_task,
 )
 from dgchat.app.model_source import ModelSource, ServerSource
+from dgchat.app.no_model_screen import NoModelScreen
 from dgchat.app.session import Engine, JobDone, ModelChange, ModelSession
 from dgchat.app.widgets.canvas import LiveCanvas
 from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
-from dgchat.hub import DownloadCancelled, Hardware, HubError, TokenRequiredError
+from dgchat.hub import (
+    DownloadCancelled,
+    Hardware,
+    HubError,
+    TokenRequiredError,
+    clear_hardware_overrides,
+    load_hardware_overrides,
+    save_hardware_overrides,
+)
 from dgchat.hub.hardware import rebuild_command
 from dgchat.hub.machine_profile import MachineProfile, ProfileCancelled, summary
 from dgchat.hub.manager import ModelRow, PullResult
@@ -68,6 +78,7 @@ from dgchat.hub.util import format_bytes
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.model_backend.param_resolution import CONFIG, Layer, resolved_for
 from dgchat.model_backend.params import DiffusionParams
+from dgchat.remote.client import API_KEY_ENV, RemoteClient
 from dgchat.terminal_text import one_line, safe_document, safe_message
 from rich.table import Table
 from rich.text import Text
@@ -534,8 +545,6 @@ class WizardScreen(Screen[None]):
         self._nav()
 
     def _redetect(self) -> None:
-        from dgchat.hub import clear_hardware_overrides
-
         try:
             clear_hardware_overrides()
         except OSError as exc:
@@ -604,8 +613,6 @@ class WizardScreen(Screen[None]):
 
     def _apply_hardware(self) -> bool:
         """Take the user's corrections (saved for next time); False with a message on a bad value."""
-        from dgchat.hub import load_hardware_overrides, save_hardware_overrides
-
         assert self.hw is not None
         error = self.query_one("#hw-error", Static)
         changes: dict[str, Any] = {}
@@ -794,9 +801,7 @@ class WizardScreen(Screen[None]):
             if row.entry is not None and row.entry.bundled and row.path is not None:
                 return row
         if not self.rows and self.mgr is not None:
-            from dgchat.assets import bundled_model_path
-
-            path = bundled_model_path()
+            path = assets.bundled_model_path()
             bundled = self.mgr.catalog.bundled
             if path is not None:
                 return ModelRow(name=bundled.name, title=bundled.title, description=bundled.description,
@@ -868,8 +873,6 @@ class WizardScreen(Screen[None]):
 
     def _check_server(self) -> None:
         import os
-
-        from dgchat.remote.client import API_KEY_ENV, RemoteClient
 
         url = self.query_one("#srv-url", Input).value.strip()
         typed = self.query_one("#srv-key", Input).value.strip() or None
@@ -1168,8 +1171,6 @@ class WizardScreen(Screen[None]):
 
     def skip(self) -> None:
         """No setup: write the config (so this does not come back) and go to the chat as it is."""
-        from dgchat.app.no_model_screen import NoModelScreen
-
         app = self.app
         try:
             model_ops.save_default_model(app.config.path, None)

@@ -43,8 +43,15 @@ from pathlib import Path
 from typing import Any
 
 from dgchat.commands.common import add_common, add_model_args, resolve_model_path
+from dgchat.convert.default_model import plays_data
+from dgchat.convert.default_model import word_validity as wv
+from dgchat.convert.default_model.word_validity import answer_text, parse_settings
 from dgchat.model_backend.engine_protocol import Engine
+from dgchat.model_backend.loader import load_engine
 from dgchat.model_backend.errors import InvalidParameterError
+from dgchat.model_backend.events import FinalEvent
+from dgchat.model_backend.llamacpp import engine_info
+from dgchat.model_backend.params import DiffusionParams
 
 PROMPTS = [
     "Write the opening lines of a scene where a guard stops a traveller at the city gate at night.",
@@ -117,8 +124,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _custom_config(text: str) -> Config:
     """`NAME:key=value,key=value` -> a row with those DiffusionParams settings."""
-    from dgchat.convert.default_model.word_validity import parse_settings
-
     name, sep, settings = text.partition(":")
     if not sep or not name.strip():
         raise InvalidParameterError(f"--add-config {text!r}: expected NAME:KEY=VALUE,... (e.g. fast:steps=12)")
@@ -140,8 +145,6 @@ def run(args: argparse.Namespace) -> int:
     if args.worker:
         print(json.dumps(_worker(json.loads(args.worker))))
         return 0
-    from dgchat.model_backend.loader import load_engine
-    from dgchat.model_backend.llamacpp import engine_info
 
     model = resolve_model_path(args.model)
     lengths = _ints(args.lengths)
@@ -258,17 +261,12 @@ def _agreement(answer: list[int], reference: list[int]) -> float:
 
 def _prompt_set(engine: Engine, args: argparse.Namespace) -> list[list[int]]:
     if args.prompt_set == "plays":
-        from dgchat.convert.default_model import word_validity as wv
-
         prompts = wv.read_prompts()[: args.prompts]
         return [[int(t) for t in engine.chat_prompt(wv.messages_for(p))] for p in prompts]
     return [_fit_prompt(engine, text, args.prompt_tokens) for text in PROMPTS[: args.prompts]]
 
 
 def _plays_word_list(sdist: Path | None) -> frozenset[str]:
-    from dgchat.convert.default_model import plays_data
-    from dgchat.convert.default_model import word_validity as wv
-
     path = sdist or wv.DEFAULT_DATA_DIR / "download" / plays_data.SDIST_FILENAME
     if not path.is_file():
         raise InvalidParameterError(
@@ -279,8 +277,6 @@ def _plays_word_list(sdist: Path | None) -> frozenset[str]:
 
 
 def _word_validity(texts: list[str], vocabulary: frozenset[str]) -> float | None:
-    from dgchat.convert.default_model import word_validity as wv
-
     score = wv.Score()
     for text in texts:
         score.add(text, vocabulary)
@@ -309,11 +305,6 @@ def _run_child(job: dict[str, Any]) -> dict[str, Any]:
 
 def _worker(job: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
-
-    from dgchat.convert.default_model.word_validity import answer_text
-    from dgchat.model_backend.loader import load_engine
-    from dgchat.model_backend.events import FinalEvent
-    from dgchat.model_backend.params import DiffusionParams
 
     engine = load_engine(job["model"], n_gpu_layers=job["n_gpu_layers"], n_threads=job["threads"])
     length, canvas, conc = job["length"], job["canvas"], job["concurrency"]

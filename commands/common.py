@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from dgchat.model_backend.engine_protocol import LocalEngine
+from dgchat import assets
+from dgchat.config import load_config
+from dgchat.hub.manager import ModelManager
+from dgchat.model_backend import rpc
 from dgchat.model_backend.errors import InvalidParameterError, ModelFileError
 from dgchat.model_backend.params import (
     ALGORITHMS,
@@ -66,7 +70,6 @@ def use_rpc_servers(spec: str, *, command: str | None, remote: object = None) ->
                                     "engine: give one of them")
     if command == "bench":
         raise InvalidParameterError("dgchat bench measures in fresh processes of its own: --rpc is not supported there")
-    from dgchat.model_backend import rpc
 
     endpoints = rpc.connect(spec)
     sys.stderr.write("dgchat: model layers go to the RPC server(s) " + ", ".join(e.text for e in endpoints)
@@ -190,23 +193,18 @@ def resolve_model_path(arg: str | None) -> Path:
         if path.exists() or path.suffix == ".gguf" or "/" in arg:
             return path
         # not a file: an installed or bundled model's name (`dgchat models list`)
-        from dgchat.hub.manager import ModelManager
-
         return ModelManager().model_path(arg)
     env = os.environ.get("DGCHAT_MODEL")
     if env:
         return Path(env).expanduser()
     try:
-        from dgchat.config import load_config
-
         configured = load_config().default_model
         if configured:
             return Path(configured).expanduser()
     except (ImportError, AttributeError):
         pass
-    from dgchat.assets import bundled_model_path
 
-    bundled = bundled_model_path()
+    bundled = assets.bundled_model_path()
     if bundled is None:
         raise ModelFileError("no model given and no bundled model installed; pass -m MODEL.gguf")
     return bundled

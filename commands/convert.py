@@ -7,13 +7,12 @@ import sys
 from pathlib import Path
 
 from dgchat.commands.common import add_common, threads_arg
-
-OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0")  # dgchat.convert.writer.OUTTYPES, without importing numpy
+from dgchat.convert.api import convert
+from dgchat.convert.quantize import QUANT_TYPES
+from dgchat.convert.writer import OUTTYPES
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from dgchat.convert.quantize import QUANT_TYPES  # no numpy / llama.cpp at import
-
     p = sub.add_parser(
         "convert",
         help="convert a checkpoint folder or GGUF to a dgchat GGUF (optionally quantized / cache-capable)",
@@ -37,8 +36,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dgchat.convert import convert
-
     show = sys.stderr.isatty()
     last = {"line": ""}
 

@@ -9,7 +9,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dgchat.commands.common import (
     add_common,
@@ -26,9 +26,15 @@ from dgchat.commands.common import (
 from dgchat.model_backend.engine_protocol import Engine
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.model_backend.events import FinalEvent, StepEvent
-
-if TYPE_CHECKING:  # a type only: the remote engine is imported when --server is used
-    from dgchat.remote.engine import RemoteEngine
+from dgchat.model_backend.param_resolution import SERVER, explain, resolved_for
+from dgchat.paths import atomic_write_text
+from dgchat.recording.asciicast import Pace, asciicast, cast_title, check_target, check_width, summary_line
+from dgchat.recording.frame_text import render_step
+from dgchat.recording.history import HistoryRecorder
+from dgchat.remote import RemoteEngine
+from dgchat.remote.cli import add_server_args, server_choice
+from dgchat.remote.engine import flag
+from dgchat.terminal_text import for_stream
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -52,8 +58,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "value and where it came from)")
     add_precise_arg(p)
     add_sampler_args(p)
-    from dgchat.remote.cli import add_server_args
-
     add_server_args(p)
 
 
@@ -66,13 +70,12 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dgchat.remote.cli import server_choice
-
     urls, api_key = server_choice(args)
     if urls:
         return _run_remote(args, urls[0], api_key)
+    # heavy (llama.cpp's shared library): imported when a local model runs, so that
+    # `dgchat generate --help` and `--server` runs load no llama.cpp
     from dgchat.model_backend import llamacpp
-    from dgchat.model_backend.param_resolution import resolved_for
 
     llamacpp.set_verbose(getattr(args, "verbose", False))
     flags = flag_layer(args)
@@ -112,21 +115,15 @@ class Recording:
     def from_args(cls, args: argparse.Namespace) -> Recording | None:
         if not getattr(args, "record", None):
             return None
-        from dgchat.recording.asciicast import Pace, check_target, check_width
 
         path = Path(args.record).expanduser()
         check_target(path)
         return cls(path, Pace.parse(args.record_pace), check_width(args.record_width))
 
     def recorder(self, engine: Engine) -> Any:
-        from dgchat.recording.history import HistoryRecorder
-
         return HistoryRecorder(engine)
 
     def write(self, recorder: Any, final: FinalEvent, *, title: tuple[str, ...]) -> None:
-        from dgchat.paths import atomic_write_text
-        from dgchat.recording.asciicast import asciicast, cast_title, summary_line
-
         stats = final.stats
         text = asciicast(recorder.history(), final.text, summary=summary_line(stats.tokens, stats.steps, stats.elapsed_s),
                          width=self.width, pace=self.pace, title=cast_title(*title))
@@ -153,8 +150,6 @@ def _report(final: FinalEvent, args: argparse.Namespace, as_json: Callable[[], d
     The answer is the model's (or a server's) text: on a terminal it is printed by the rule of
     dgchat.terminal_text (an ESC shows as ␛, so an answer cannot set the title or clear the screen);
     to a pipe or a file, and always in --json, it is the exact text (docs/SECURITY.md)."""
-    from dgchat.terminal_text import for_stream
-
     if args.json:
         print(json.dumps(as_json(), ensure_ascii=False))
     else:
@@ -170,7 +165,6 @@ def _drive(engine: Engine, prompt, params, cancel: threading.Event, *, visual: b
     show: Callable[[StepEvent], None] = lambda event: None  # noqa: E731
     live = None
     if visual:
-        from dgchat.recording.frame_text import render_step
         from rich.console import Console
         from rich.live import Live
 
@@ -208,10 +202,6 @@ def _as_json(final: FinalEvent, engine: Engine, model_path, params) -> dict[str,
 def _run_remote(args: argparse.Namespace, url: str, api_key: str | None) -> int:
     """The same answer from a server (docs/SCALING.md): dgchat serve streams its canvas (--visual
     draws it as a local run does), other servers stream text."""
-    from dgchat.model_backend.param_resolution import SERVER, explain
-    from dgchat.remote import RemoteEngine
-    from dgchat.remote.engine import flag
-
     params = params_from_args(args)
     recording = Recording.from_args(args)
     prompt_text = _read_prompt(args)

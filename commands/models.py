@@ -12,6 +12,20 @@ import sys
 from typing import Any
 
 from dgchat.commands.common import add_common, ctrl_c_cancels
+from dgchat.config import load_config
+from dgchat.hub import paths
+from dgchat.hub.errors import DownloadCancelled, VerificationError
+from dgchat.hub.hardware import (
+    clear_hardware_overrides,
+    detect_hardware,
+    load_hardware_overrides,
+    save_hardware_overrides,
+)
+from dgchat.hub.machine_profile import cached_profile, ensure_profile, summary
+from dgchat.hub.manager import ModelManager
+from dgchat.hub.tokens import store_token
+from dgchat.hub.util import format_bytes, parse_size
+from dgchat.model_backend.errors import DgchatError
 from dgchat.terminal_text import cli_line
 
 
@@ -86,9 +100,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _hardware_for(args: argparse.Namespace, models_dir) -> Any:
-    from dgchat.hub.hardware import detect_hardware
-    from dgchat.hub.util import parse_size
-
     hw = detect_hardware(models_dir)
     changes: dict[str, Any] = {}
     if getattr(args, "ram", None):
@@ -103,15 +114,11 @@ def _hardware_for(args: argparse.Namespace, models_dir) -> Any:
 
 
 def _config():
-    from dgchat.config import load_config
-
     return load_config()
 
 
 def _profile(*, measure: bool, remeasure: bool = False, threads: int | None = None):
     """The machine profile: the saved one, else (with `measure`) a new measurement, said on stderr."""
-    from dgchat.hub.machine_profile import cached_profile, ensure_profile
-
     if not remeasure:
         cached = cached_profile(threads)
         if cached is not None or not measure:
@@ -125,10 +132,6 @@ def _list(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
-
-    from dgchat.hub.machine_profile import summary
-    from dgchat.hub.manager import ModelManager
-    from dgchat.hub.util import format_bytes
 
     mgr = ModelManager()
     hw = _hardware_for(args, mgr.models_dir)
@@ -227,8 +230,6 @@ class _ProgressView:
             self.bar.stop()
 
     def __call__(self, p) -> None:  # p: dgchat.hub.download.Progress
-        from dgchat.hub.util import format_bytes
-
         info = format_bytes(p.done) + (f" / {format_bytes(p.total)}" if p.total else "")
         if p.phase == "downloading":
             if p.speed:
@@ -270,10 +271,6 @@ def _with_cancel(fn: Any) -> Any:
 
 
 def _pull(args: argparse.Namespace) -> int:
-    from dgchat.hub.errors import DownloadCancelled
-    from dgchat.hub.manager import ModelManager
-    from dgchat.hub.util import format_bytes
-
     mgr = ModelManager()
     try:
         with _ProgressView() as view:
@@ -299,8 +296,6 @@ def _pull(args: argparse.Namespace) -> int:
 
 
 def _rm(args: argparse.Namespace) -> int:
-    from dgchat.hub.manager import ModelManager
-
     res = ModelManager().remove(args.name, delete_files=not args.keep_file)
     for path in res.deleted:
         print(f"deleted {path}")
@@ -313,9 +308,6 @@ def _rm(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from dgchat.hub.manager import ModelManager
-    from dgchat.hub.util import format_bytes
-
     with _ProgressView() as view:
         model = _with_cancel(lambda cancel: ModelManager().import_model(
             args.path, name=args.name, convert=args.convert, progress=view, cancel=cancel))
@@ -325,10 +317,6 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from dgchat.hub.errors import VerificationError
-    from dgchat.hub.manager import ModelManager
-    from dgchat.model_backend.errors import DgchatError
-
     mgr = ModelManager()
     names = args.names or [m.name for m in mgr.installed()]
     if not names:
@@ -356,8 +344,6 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _login(args: argparse.Namespace) -> int:
-    from dgchat.hub.tokens import store_token
-
     token = args.token
     if token is None:
         if sys.stdin is not None and not sys.stdin.isatty():
@@ -373,16 +359,6 @@ def _login(args: argparse.Namespace) -> int:
 
 
 def _hardware(args: argparse.Namespace) -> int:
-    from dgchat.hub import paths
-    from dgchat.hub.hardware import (
-        clear_hardware_overrides,
-        detect_hardware,
-        load_hardware_overrides,
-        save_hardware_overrides,
-    )
-    from dgchat.hub.machine_profile import summary
-    from dgchat.hub.util import parse_size
-
     if args.reset:
         clear_hardware_overrides()
     changes: dict[str, Any] = {}

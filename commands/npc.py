@@ -10,6 +10,14 @@ from pathlib import Path
 from dgchat.commands.common import (add_common, add_model_args, add_precise_arg, ctrl_c_cancels, open_local_engine,
                                    precise_choice, resolve_model_path)
 from dgchat.model_backend.errors import GenerationCancelled, InvalidParameterError
+from dgchat.npc.cards import load_cards
+from dgchat.npc.export import build_export, export_json, write_export
+from dgchat.npc.generator import NpcGenerator
+from dgchat.npc.lines_file import load_lines_file
+from dgchat.remote.cli import add_server_args, server_choice
+from dgchat.remote.npc_lines import check_servers, generate_remote
+from dgchat.remote.pool import ServerPool
+from dgchat.terminal_text import cli_line, for_stream, one_line
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -36,8 +44,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_precise_arg(p, help="f32 KV cache, no flash attention: a variant's result does not depend on what else is "
                             "in its batch (slower; default: [engine] precise in config.toml, else off)")
     p.add_argument("--list-cards", action="store_true", help="list the character cards found and exit")
-    from dgchat.remote.cli import add_server_args
-
     add_server_args(p, many=True)
 
 
@@ -52,12 +58,8 @@ def _variables(pairs: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dgchat.npc.cards import load_cards
-
     cards = load_cards(args.cards)
     if args.list_cards:
-        from dgchat.terminal_text import for_stream
-
         for card in cards:  # card files come from anywhere: on a terminal by the rule, else exact
             print(for_stream(f"{card.id}\t{card.name}\t{card.source}", sys.stdout))
         if not cards:
@@ -81,12 +83,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out == "-" and fmt != "json":
         raise InvalidParameterError("standard output takes JSON only")
 
-    from dgchat.npc.lines_file import load_lines_file
-
     lines = load_lines_file(args.lines)
     specs = lines.specs(cards, count=args.count, seed=args.seed, variables=_variables(args.var))
-
-    from dgchat.remote.cli import server_choice
 
     urls, api_key = server_choice(args)
     if urls:
@@ -101,8 +99,9 @@ def run(args: argparse.Namespace) -> int:
             return 130
         return _write(batches, args, fmt)
 
+    # heavy (llama.cpp's shared library): imported when a local model runs, so that
+    # `dgchat npc --help` and `--server` runs load no llama.cpp
     from dgchat.model_backend import llamacpp
-    from dgchat.npc.generator import NpcGenerator
 
     llamacpp.set_verbose(getattr(args, "verbose", False))
     engine = open_local_engine(resolve_model_path(args.model), n_gpu_layers=args.n_gpu_layers,
@@ -120,8 +119,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write(batches: list, args: argparse.Namespace, fmt: str) -> int:
-    from dgchat.npc.export import build_export, export_json, write_export
-
     rejected = []
     for batch in batches:
         batch.keep_all()
@@ -131,7 +128,6 @@ def _write(batches: list, args: argparse.Namespace, fmt: str) -> int:
         sys.stdout.write(export_json(document))
     else:
         write_export(args.out, document, fmt)
-    from dgchat.terminal_text import cli_line
 
     for batch, v in rejected:  # the problem quotes the model's line: one safe line
         cli_line("warning", f"{batch.spec.card.id}/{batch.spec.context or '-'} variant {v.index} "
@@ -180,10 +176,6 @@ def _generate_remote(urls: list[str], api_key: str | None, specs: list, args: ar
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from dgchat.remote.npc_lines import check_servers, generate_remote
-    from dgchat.remote.pool import ServerPool
-    from dgchat.terminal_text import one_line
 
     console = Console(stderr=True)
     started = time.perf_counter()

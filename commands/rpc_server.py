@@ -21,6 +21,7 @@ import threading
 import time
 
 from dgchat.commands.common import add_common, threads_arg
+from dgchat.model_backend import llamacpp, rpc
 from dgchat.model_backend.errors import EngineError, InvalidParameterError
 
 DEFAULT_PORT = 50052  # upstream rpc-server's
@@ -63,16 +64,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def listen_address(host: str) -> str:
     """The IPv4 literal llama.cpp's server needs (it cannot resolve names)."""
-    from dgchat.model_backend import rpc
-
     if host == "0.0.0.0":
         return host
     return rpc.resolve_ipv4(host)[0]
 
 
 def listen_warning(address: str) -> str | None:
-    from dgchat.model_backend import rpc
-
     if address == "0.0.0.0":
         return ("listening on every network interface: anyone who can reach this port can use this machine "
                 "(llama.cpp's RPC has no authentication or encryption). Prefer a private LAN address.")
@@ -101,8 +98,6 @@ def _check_timeout(name: str, value: float) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dgchat.model_backend import llamacpp
-
     llamacpp.set_verbose(getattr(args, "verbose", False))
     llamacpp.require_rpc()
     if not 1 <= args.port <= 65535:
@@ -201,8 +196,6 @@ def _signal_name(rc: int) -> str:
 
 def _serve(args: argparse.Namespace, address: str, ready_fd: int | None, restarts: int) -> int:
     """Serve in this process (the supervisor's child, or the only process on Windows)."""
-    from dgchat.model_backend import llamacpp
-
     supervised = ready_fd is not None
     if supervised:
         # the supervisor starts this process again; one line instead of a core dump and gdb's backtrace

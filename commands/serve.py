@@ -8,7 +8,9 @@ import os
 
 from dgchat.commands.common import (add_common, add_model_args, add_precise_arg, open_local_engine, precise_choice,
                                    resolve_model_path)
+from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.server import DEFAULT_PORT  # the server itself is imported when the command runs
+from dgchat.server.logs import write_stderr
 
 TOKEN_ENV = "DGCHAT_API_TOKEN"
 
@@ -51,9 +53,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _token(args: argparse.Namespace) -> str | None:
     """--token, else --token-file's first line, else $DGCHAT_API_TOKEN."""
-    from dgchat.model_backend.errors import InvalidParameterError
-    from dgchat.server.logs import write_stderr
-
     if args.token is not None:
         write_stderr(f"dgchat serve: warning: --token is visible to other users of this machine (`ps`); "
                      f"prefer --token-file PATH or ${TOKEN_ENV}")
@@ -72,8 +71,9 @@ def _token(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # heavy (the HTTP server's stack; then llama.cpp's shared library): imported when the command
+    # runs, so that `dgchat serve --help` loads neither
     from dgchat.server.app import ServeConfig
-    from dgchat.server.logs import write_stderr
 
     config = ServeConfig(host=args.host, port=args.port, token=_token(args), max_body=args.max_body,
                          max_queue=args.max_queue, model_id=args.model_id,
@@ -96,8 +96,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         stopped_cleanly = asyncio.run(serve(engine, config, ready=ready))
     except OSError as exc:
-        from dgchat.model_backend.errors import DgchatError
-
         stopped_cleanly = True  # it never started serving
         raise DgchatError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
     finally:

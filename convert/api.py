@@ -6,8 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from dgchat.convert.checkpoint import Checkpoint
 from dgchat.convert.errors import ConvertError
-from dgchat.convert.writer import OUTTYPES, PARTIAL_PREFIX, GGUFPlan, ProgressFn, write_gguf
+from dgchat.convert.families import family_for_hf
+from dgchat.convert.gguf_remap import plan_from_gguf
+from dgchat.convert.quantize import check_type, estimate_bytes, quantize_gguf
+from dgchat.convert.writer import OUTTYPES, PARTIAL_PREFIX, GGUFPlan, ProgressFn, check_space, write_gguf
+from dgchat.model_backend.gguf_file import read_gguf_header
 
 
 @dataclass(frozen=True)
@@ -97,17 +102,12 @@ def convert(
         raise ConvertError(f"unknown output type {outtype!r}; choose one of: {', '.join(OUTTYPES)}")
     qtype = None
     if quantize is not None:
-        from dgchat.convert.quantize import check_type
-
         qtype = check_type(quantize)
     if not source.exists():
         raise ConvertError(f"{source}: no such file or folder")
 
     job = _Job(source, out, outtype, dry_run, progress, qtype, quantize_progress, cache_capable, n_threads)
     if source.is_dir():
-        from dgchat.convert.checkpoint import Checkpoint
-        from dgchat.convert.families import family_for_hf
-
         ckpt = Checkpoint(source)
         try:
             try:
@@ -124,7 +124,6 @@ def convert(
             ckpt.close()
     if not _is_gguf(source):
         raise ConvertError(f"{source}: not a checkpoint folder or a GGUF file")
-    from dgchat.convert.gguf_remap import plan_from_gguf
 
     try:
         arch, plan = plan_from_gguf(source, outtype, source.stem, cache_capable=cache_capable,
@@ -179,9 +178,6 @@ class _Job:
                    notes: list[str]) -> ConvertResult:
         import secrets
 
-        from dgchat.convert.quantize import quantize_gguf
-        from dgchat.model_backend.gguf_file import read_gguf_header
-
         assert self.qtype is not None
         if plan is None:
             header = read_gguf_header(self.source)
@@ -200,9 +196,6 @@ class _Job:
             else:
                 # both files exist at once: check for the pair before writing anything
                 import numpy as np
-
-                from dgchat.convert.quantize import estimate_bytes
-                from dgchat.convert.writer import check_space
 
                 big = sum(int(np.prod(t.shape)) for t in plan.tensors if len(t.shape) > 1)
                 small = sum(int(np.prod(t.shape)) for t in plan.tensors) - big

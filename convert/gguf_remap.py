@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from gguf.constants import GGMLQuantizationType, GGUFValueType
 
+from dgchat.convert.checkpoint import to_f32
 from dgchat.convert.errors import ConvertError
 from dgchat.convert.families import MASKED, masked, masked_family_for_gguf
 from dgchat.convert.families import diffusion_gemma as dgf
@@ -64,8 +65,6 @@ def _float_values(header: GgufHeader, info: TensorInfo) -> tuple[str, np.ndarray
 
 
 def _as_f32(dtype: str, values: np.ndarray) -> np.ndarray:
-    from dgchat.convert.checkpoint import to_f32
-
     return to_f32(values, dtype)
 
 

@@ -14,6 +14,9 @@ import shutil
 from pathlib import Path
 
 from dgchat.convert.errors import ConvertError
+from dgchat.convert.writer import _space_error, _validate, check_space, partial_path
+from dgchat.model_backend.errors import EngineError, ModelFileError
+from dgchat.model_backend.gguf_file import read_gguf_header
 
 # name -> nominal bits per weight of the bulk of the tensors (llama.cpp tools/quantize's table),
 # used only to check free space before starting
@@ -42,10 +45,6 @@ def quantize_gguf(src: Path, out: Path, qtype: str, *, progress=None, n_threads:
     progress(i, n, tensor_name) as llama.cpp starts tensor i of n. Returns the output size."""
     import numpy as np
 
-    from dgchat.convert.writer import _space_error, _validate, check_space, partial_path
-    from dgchat.model_backend.errors import EngineError, ModelFileError
-    from dgchat.model_backend.gguf_file import read_gguf_header
-
     qtype = check_type(qtype)
     try:
         header = read_gguf_header(src)
@@ -57,6 +56,8 @@ def quantize_gguf(src: Path, out: Path, qtype: str, *, progress=None, n_threads:
     folder = out.parent
     check_space(folder, need)
 
+    # heavy (llama.cpp's shared library): imported when a quantization runs, so that dgchat.convert.api
+    # (and dgchat.hub, which imports it) loads no llama.cpp
     from dgchat.model_backend import llamacpp
 
     tmp = partial_path(out)

@@ -24,6 +24,8 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from dgchat.convert.checkpoint import f32_to_bf16, to_f32
 from dgchat.convert.errors import ConvertError
+from dgchat.model_backend.errors import ModelFileError
+from dgchat.model_backend.gguf_file import read_gguf_header
 
 Q = GGMLQuantizationType
 OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
@@ -270,9 +272,6 @@ def partial_path(out: Path) -> Path:
 
 
 def _validate(path: Path) -> None:
-    from dgchat.model_backend.errors import ModelFileError
-    from dgchat.model_backend.gguf_file import read_gguf_header
-
     try:
         read_gguf_header(path)
     except ModelFileError as exc:

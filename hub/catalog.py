@@ -12,7 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dgchat.assets import ASSETS_DIR, BUNDLED_MODEL_NAME
 from dgchat.hub.errors import CatalogError
+from dgchat.model_backend.errors import InvalidParameterError
+from dgchat.model_backend.params import DiffusionParams
 from dgchat.toml_files import TomlFileError, read_toml
 
 SCHEMA = 1
@@ -118,8 +121,6 @@ class CatalogEntry:
     def installed_name(self) -> str:
         """The file name in the models folder: converted entries get `<stem>.dgchat.gguf`."""
         if self.bundled:
-            from dgchat.assets import BUNDLED_MODEL_NAME
-
             return BUNDLED_MODEL_NAME
         name = self.download_name
         if self.convert:
@@ -128,8 +129,6 @@ class CatalogEntry:
         return name
 
     def sampler_params(self):  # -> DiffusionParams (imported lazily: no numpy at catalog load)
-        from dgchat.model_backend.params import DiffusionParams
-
         return DiffusionParams(**self.sampler)
 
 
@@ -172,8 +171,6 @@ class Catalog:
 
 
 def default_catalog_path() -> Path:
-    from dgchat.assets import ASSETS_DIR
-
     return ASSETS_DIR / "catalog.toml"
 
 
@@ -347,8 +344,6 @@ def _sampler(raw: Any, where: str) -> dict[str, Any]:
             what = {int: "an integer", float: "a number", str: "a string"}[typ]
             raise CatalogError(f"{where}: {key} must be {what} (got {value!r})")
         out[key] = value
-    from dgchat.model_backend.errors import InvalidParameterError
-    from dgchat.model_backend.params import DiffusionParams
 
     try:
         DiffusionParams(**out).validate()

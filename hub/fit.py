@@ -40,8 +40,10 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from dgchat import assets
 from dgchat.hub.catalog import ArchInfo, CatalogEntry
 from dgchat.hub.hardware import Hardware, rebuild_command
+from dgchat.hub.speed import estimated_gpu_profile, predict, predict_split
 from dgchat.hub.util import format_bytes
 
 if TYPE_CHECKING:
@@ -144,9 +146,7 @@ def estimate_entry(entry: CatalogEntry, hw: Hardware, *, context: int | None = N
                    on_disk: bool = False) -> FitEstimate:
     """Estimate for a catalog entry; `size` overrides the catalog's (e.g. the real installed file)."""
     if entry.bundled:
-        from dgchat.assets import bundled_model_path
-
-        path = bundled_model_path()
+        path = assets.bundled_model_path()
         if path is not None and size is None:
             size = path.stat().st_size
         on_disk = True
@@ -189,8 +189,6 @@ def speed_verdict(shape: ModelShape, est: FitEstimate, hw: Hardware, profile: Ma
                   limit_s: float) -> SpeedVerdict:
     """The prediction on the device the model would run on with this engine build (and, where a GPU
     is present that the build cannot offload to, on that GPU after rebuilding)."""
-    from dgchat.hub.speed import estimated_gpu_profile, predict, predict_split
-
     def on_gpu(gpu) -> SpeedPrediction:  # all layers on it when they fit, else split by its memory
         vram = usable_vram(replace(hw, gpu_offload=True))
         if vram and est.need <= vram:

@@ -30,8 +30,10 @@ from typing import Any
 
 from dgchat.hub import paths
 from dgchat.hub.errors import HubError
-from dgchat.hub.util import format_bytes
+from dgchat.hub.util import format_bytes, llamacpp_module, parse_size
+from dgchat.paths import atomic_write_text
 from dgchat.toml_files import TomlFileError, read_toml
+from dgchat.toml_write import toml_table
 
 EDITABLE = ("cpu_cores", "ram_total", "disk_free", "gpu_offload", "vram_total", "vram_free", "unified_memory")
 _INT_FIELDS = ("cpu_cores", "ram_total", "disk_free", "vram_total", "vram_free")
@@ -123,8 +125,6 @@ def _check_overrides(values: dict[str, Any], where: str) -> dict[str, Any]:
             out[key] = value
         else:
             if isinstance(value, str):
-                from dgchat.hub.util import parse_size
-
                 value = int(value) if key == "cpu_cores" and value.strip().isdigit() else parse_size(value)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise HubError(f"{where}: {key} must be a non-negative integer (got {value!r})")
@@ -306,9 +306,7 @@ def detect_hardware(models_dir: Path | None = None, *, apply_saved: bool = True,
     asked = True
     if gpu_offload is None:
         try:
-            from dgchat.model_backend.llamacpp import engine_info
-
-            gpu_offload = engine_info().gpu_offload
+            gpu_offload = llamacpp_module().engine_info().gpu_offload
         except Exception as exc:  # a broken engine must not stop the wizard from showing the machine
             gpu_offload, asked = False, False
             notes.append(f"gpu_offload: llama.cpp could not be asked ({str(exc).splitlines()[0][:120]}); "
@@ -360,9 +358,6 @@ def load_hardware_overrides(path: Path | None = None) -> dict[str, Any]:
 
 def save_hardware_overrides(values: dict[str, Any], path: Path | None = None) -> Path:
     """Persist corrections (EDITABLE keys; None or a missing key = use detection). Returns the file."""
-    from dgchat.paths import atomic_write_text
-    from dgchat.npc.toml_write import toml_table
-
     path = Path(path) if path is not None else paths.hardware_overrides_path()
     checked = {k: v for k, v in _check_overrides(values, where="hardware override").items() if v is not None}
     header = "# dgchat: corrections to the detected hardware (sizes in bytes); delete a line to detect it again\n"

@@ -43,7 +43,10 @@ from typing import Any
 import numpy as np
 
 from dgchat import paths as app_paths
+from dgchat.convert.random_blocks import random_tensor_bytes
+from dgchat.hub.util import llamacpp_module
 from dgchat.model_backend.errors import DgchatError
+from dgchat.model_backend.sampling import row_stats
 
 SCHEMA = 1
 PROFILE_FILE = "machine-profile.json"
@@ -175,9 +178,7 @@ def cached_profile(threads: int | None = None, *, build_key: str | None = None,
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # missing, unreadable or from another version: measured again
     if build_key is None:
-        from dgchat.model_backend.llamacpp import engine_build_key
-
-        build_key = engine_build_key()
+        build_key = llamacpp_module().engine_build_key()
     if profile.build_key != build_key or profile.threads != (threads or default_threads()):
         return None
     return profile
@@ -192,9 +193,7 @@ def save_profile(profile: MachineProfile, path: Path | None = None) -> Path:
 def ensure_profile(threads: int | None = None, *, remeasure: bool = False, progress: Progress | None = None,
                    cancel: threading.Event | None = None) -> MachineProfile:
     """The cached profile, or a new measurement (a few seconds; saved for next time)."""
-    from dgchat.model_backend.llamacpp import engine_build_key
-
-    key = engine_build_key()
+    key = llamacpp_module().engine_build_key()
     if not remeasure:
         cached = cached_profile(threads, build_key=key)
         if cached is not None:
@@ -211,8 +210,7 @@ def measure(threads: int | None = None, *, progress: Progress | None = None,
             cancel: threading.Event | None = None, gpu: bool | None = None) -> MachineProfile:
     """Time the engine on this machine: the CPU always, the GPU too where this build offloads.
     Probe files go to a temporary folder under the cache folder and are deleted after."""
-    from dgchat.model_backend import llamacpp
-
+    llamacpp = llamacpp_module()
     threads = threads or default_threads()
     key = llamacpp.engine_build_key()
     gpus = llamacpp.local_gpu_devices()
@@ -270,8 +268,7 @@ def _timed(fn: Callable[[], object], *, reps: int = 3, warm: bool = True) -> flo
 
 def _measure_device(folder: Path, kind: str, name: str, threads: int, progress: Progress | None,
                     cancel: threading.Event | None) -> DeviceProfile:
-    from dgchat.model_backend import llamacpp
-
+    llamacpp = llamacpp_module()
     gpu_layers = 999 if kind == "gpu" else 0
     n_steps = len(MATMUL_TYPES) + 2
     if progress is not None:
@@ -318,8 +315,6 @@ def write_probe(path: Path, *, qtype: str, n_layer: int, n_embd: int, n_ff: int,
     or "llada" (a masked-diffusion model dgchat runs, for the speed bench; mask token = the last id)."""
     import gguf
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    from dgchat.convert.random_blocks import random_tensor_bytes
 
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
@@ -391,8 +386,7 @@ def bytes_per_weight(qtype: str) -> float:
 def _probe(path: Path, threads: int, gpu_layers: int, max_tokens: int) -> Iterator[Any]:
     """A context on the probe file at `path` (decodes of up to `max_tokens` tokens); the file is
     deleted afterwards, whatever happens."""
-    from dgchat.model_backend import llamacpp
-
+    llamacpp = llamacpp_module()
     try:
         model = llamacpp.LlamaModel(path, n_gpu_layers=gpu_layers)
         try:
@@ -500,8 +494,7 @@ def _overheads(folder: Path, threads: int, gpu_layers: int) -> tuple[float, floa
 def _head_costs(folder: Path, threads: int, gpu_layers: int, partial: DeviceProfile) -> tuple[float, float, float]:
     """Per-logit statistics, per-logit top-k selection and per-multiply-add exact soft embedding,
     from decodes of HEAD_ROWS rows on a HEAD_VOCAB-token probe with and without each part."""
-    from dgchat.model_backend import llamacpp
-
+    llamacpp = llamacpp_module()
     v, d, n = HEAD_VOCAB, HEAD_EMBD, HEAD_ROWS
     path = write_probe(folder / "probe-head.gguf", qtype="f16", n_layer=1, n_embd=d, n_ff=d, n_head=4, n_vocab=v)
     rng = np.random.default_rng(0)
@@ -535,8 +528,6 @@ def _head_costs(folder: Path, threads: int, gpu_layers: int, partial: DeviceProf
 def _host_head_costs() -> tuple[float, float, float]:
     """An engine without the head samples in numpy: its statistics per logit, and numpy's product
     for the exact soft embedding (top-k is not used on the host)."""
-    from dgchat.model_backend.sampling import row_stats
-
     rng = np.random.default_rng(0)
     logits = rng.standard_normal((HEAD_ROWS, HEAD_VOCAB // 4), dtype=np.float32)
     uniform = rng.random(HEAD_ROWS, dtype=np.float32)

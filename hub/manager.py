@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dgchat import assets
+from dgchat.convert.api import convert
 from dgchat.hub import paths
 from dgchat.hub.catalog import Catalog, CatalogEntry, load_catalog
 from dgchat.hub.download import (
@@ -52,6 +54,8 @@ from dgchat.hub.registry import InstalledModel, Registry
 from dgchat.hub.speed import DEFAULT_LIMIT_S, ModelShape, shape_from_entry, shape_from_header
 from dgchat.hub.util import atomic_write_json, hash_file, sha256_file
 from dgchat.model_backend.errors import DgchatError, ModelFileError, UnsupportedModelError
+from dgchat.model_backend.gguf_file import read_gguf_header
+from dgchat.model_backend.model_info import inspect_header
 
 STATUSES = ("installed", "bundled", "in HF cache", "partial", "available", "missing")
 
@@ -177,9 +181,7 @@ class ModelManager:
         return model.path
 
     def _bundled_path(self) -> Path:
-        from dgchat.assets import bundled_model_path
-
-        path = bundled_model_path()
+        path = assets.bundled_model_path()
         if path is None:
             raise ModelFileError("this installation has no bundled model")
         return path
@@ -189,8 +191,6 @@ class ModelManager:
         """Catalog entries (in catalog order), then other installed models, then runnable GGUFs in the HF cache.
         With a machine profile (dgchat.hub.machine_profile) every model that fits gets a speed prediction
         (`ModelRow.speed`) and the recommendation goes by it (`limit_s`: seconds a 256-token answer may take)."""
-        from dgchat.assets import bundled_model_path
-
         installed = self.registry.all()
         by_catalog = {m.catalog: m for m in installed if m.catalog}
         cached = scan_hf_cache(self.hf_cache_dir) if include_hf_cache else []
@@ -210,7 +210,7 @@ class ModelManager:
             size, exact = entry.size, entry.size_exact
             partial = None
             if entry.bundled:
-                bp = bundled_model_path()
+                bp = assets.bundled_model_path()
                 status = "bundled" if bp is not None else "missing"
                 if bp is not None:
                     path, size, exact = bp, bp.stat().st_size, True
@@ -271,9 +271,6 @@ class ModelManager:
     @staticmethod
     def _shape(entry: CatalogEntry | None, path: Path | None) -> ModelShape | None:
         """The model's shape: from its file where it is on disk (exact), else from the catalog."""
-        from dgchat.model_backend.gguf_file import read_gguf_header
-        from dgchat.model_backend.model_info import inspect_header
-
         typical = entry.typical_steps if entry is not None else None
         try:
             if path is not None:
@@ -295,9 +292,6 @@ class ModelManager:
         return speed_verdict(shape, fit, hw, profile, limit_s) if shape is not None else None
 
     def _cache_row(self, c: CachedGguf, hw: Hardware | None) -> ModelRow | None:
-        from dgchat.model_backend.gguf_file import read_gguf_header
-        from dgchat.model_backend.model_info import inspect_header
-
         try:
             header = read_gguf_header(c.path)
         except DgchatError:
@@ -424,8 +418,6 @@ class ModelManager:
         return PullResult(path=cached.path, action="from HF cache", model=model, notes=tuple(report.notes))
 
     def _convert(self, source: Path, target: Path, report: _Reporter, cancel: threading.Event) -> None:
-        from dgchat.convert import convert
-
         def on_progress(done: int, total: int, _tensor: str) -> None:
             if cancel.is_set():  # raising here makes the converter delete its temporary file
                 raise DownloadCancelled(f"conversion of {source.name} cancelled; the download is kept, pull again "
@@ -439,9 +431,6 @@ class ModelManager:
                        entry: CatalogEntry | None, commit: str | None, verified_by: str | None,
                        converted_from: dict[str, Any] | None, delete_bad: bool) -> InstalledModel:
         """Check that `path` is a model dgchat runs, then add it to the registry."""
-        from dgchat.model_backend.gguf_file import read_gguf_header
-        from dgchat.model_backend.model_info import inspect_header
-
         try:
             header = read_gguf_header(path)
             info = inspect_header(header)
@@ -509,9 +498,6 @@ class ModelManager:
         """Register a local GGUF after validating it (read_gguf_header + inspect_header). The file stays where
         it is and is never deleted by dgchat; with convert=True (upstream diffusion-gemma layout) a
         converted copy is written into the models folder and owned."""
-        from dgchat.model_backend.gguf_file import read_gguf_header
-        from dgchat.model_backend.model_info import inspect_header
-
         path = Path(path).expanduser().absolute()
         cancel = cancel or threading.Event()
         header = read_gguf_header(path)

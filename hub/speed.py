@@ -42,7 +42,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dgchat.hub.machine_profile import DeviceProfile
+from dgchat.hub.machine_profile import MATMUL_TYPES, WIDTHS, DeviceProfile, bytes_per_weight
 
 if TYPE_CHECKING:
     from dgchat.hub.catalog import CatalogEntry
@@ -437,8 +437,6 @@ def gpu_figures(name: str | None) -> tuple[float, float, str]:
 def estimated_gpu_profile(gpu: GpuInfo | None, *, name: str | None = None) -> DeviceProfile:
     """A DeviceProfile from a GPU's published figures (for a build that cannot offload yet, or a GPU
     the user entered by its memory only)."""
-    from dgchat.hub.machine_profile import MATMUL_TYPES, WIDTHS, bytes_per_weight
-
     label = name or (gpu.name if gpu is not None else "")
     bw, tflops, matched = gpu_figures(label)
     bandwidth = bw * 1e9 * BANDWIDTH_SHARE

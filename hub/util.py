@@ -9,8 +9,10 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 from dgchat.hub.errors import DownloadCancelled, HubError
+from dgchat.paths import atomic_write_text
 
 _UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1000, "KIB": 1024, "M": 1024**2, "MB": 1000**2, "MIB": 1024**2,
           "G": 1024**3, "GB": 1000**3, "GIB": 1024**3, "T": 1024**4, "TB": 1000**4, "TIB": 1024**4}
@@ -200,6 +202,13 @@ else:
 def atomic_write_json(path: Path, data: object) -> None:
     import json
 
-    from dgchat.paths import atomic_write_text
-
     atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False, sort_keys=False) + "\n")
+
+
+def llamacpp_module() -> ModuleType:
+    """dgchat.model_backend.llamacpp, imported on first use: importing dgchat.hub loads no llama.cpp
+    (docs/MODELS.md), and `dgchat --help` imports dgchat.hub. Only a measurement or a probe of the
+    engine build needs it."""
+    from dgchat.model_backend import llamacpp  # heavy: loads llama.cpp's shared library (~0.3 s)
+
+    return llamacpp

@@ -25,7 +25,7 @@ from typing import Any
 from dgchat import toml_files
 from dgchat.npc.errors import CardError
 from dgchat.npc.paths import atomic_write_text, cards_dir
-from dgchat.npc.toml_write import toml_table
+from dgchat.toml_write import toml_table
 
 MAX_NAME = 80
 MAX_TEXT = 2000

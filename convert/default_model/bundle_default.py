@@ -24,6 +24,13 @@ from typing import Any
 
 import numpy as np
 
+from dgchat.convert.api import convert
+from dgchat.convert.default_model.token_windows import Windows
+from dgchat.model_backend.loader import load_engine
+from dgchat.model_backend.events import FinalEvent
+from dgchat.model_backend.params import DiffusionParams
+from dgchat.paths import atomic_write_bytes, atomic_write_text
+
 TYPES = ("f32", "f16", "q8_0")  # largest first; the smallest that keeps quality ships
 SEEDS = list(range(20))
 
@@ -65,8 +72,6 @@ def heldout_nll(path: Path, windows: Any, n_windows: int) -> dict[str, float]:
     """Mean next-token cross-entropy (nats) of the causal encoder over the first `n_windows`
     held-out windows, computed by llama.cpp; also per character of the scored text, the figure
     that compares models with different tokenizers (v1's 8,192 entries, v2's 16,384)."""
-    from dgchat.model_backend.loader import load_engine
-
     engine = load_engine(path)
     try:
         total, count, chars = 0.0, 0, 0
@@ -82,10 +87,6 @@ def heldout_nll(path: Path, windows: Any, n_windows: int) -> dict[str, float]:
 
 
 def npc_samples(path: Path, autoregressive: bool) -> list[dict[str, Any]]:
-    from dgchat.model_backend.loader import load_engine
-    from dgchat.model_backend.events import FinalEvent
-    from dgchat.model_backend.params import DiffusionParams
-
     engine = load_engine(path)
     out = []
     try:
@@ -116,10 +117,6 @@ def samples_markdown(samples: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dgchat.convert.api import convert
-    from dgchat.convert.default_model.train_default import Windows
-    from dgchat.paths import atomic_write_bytes, atomic_write_text
-
     ap = argparse.ArgumentParser(prog="python -m dgchat.convert.default_model.bundle_default", description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, required=True, help="the exported HF-style folder")
     ap.add_argument("--data-dir", type=Path, required=True)

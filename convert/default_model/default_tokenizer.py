@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from dgchat.model_backend.errors import DgchatError
+from dgchat.paths import atomic_write_text
 
 VOCAB_SIZE = 16384
 PAD, EOS, BOS, START_OF_TURN, END_OF_TURN, MASK = range(6)
@@ -161,8 +162,6 @@ def tokenizer_config(model_max_length: int) -> dict[str, Any]:
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    from dgchat.paths import atomic_write_text
-
     atomic_write_text(path, text, mode=0o644)  # these files ship
 
 

@@ -38,6 +38,11 @@ import numpy as np
 
 from dgchat.convert.default_model import default_tokenizer as dtok
 from dgchat.convert.default_model.default_model_config import CANVAS_LENGTH
+from dgchat.convert.default_model.plays_data import sha256_of
+from dgchat.convert.default_model.token_windows import Windows
+from dgchat.model_backend import llamacpp
+from dgchat.model_backend.loader import load_engine
+from dgchat.model_backend.errors import DgchatError
 
 MAX_NEW = CANVAS_LENGTH - 1  # the answer and its <end_of_turn> fill one canvas
 TEACHER_TOP_K = 64  # candidates per draw before top-p (the teacher's tail is never worth sampling)
@@ -103,8 +108,6 @@ def teacher_answers(model_path: Path, windows, settings: TeacherSettings, *, ind
                     progress=None) -> Iterator[tuple[int, int, np.ndarray | None]]:
     """(window, turn, answer tokens without the end token, or None if it did not end) for every turn
     of the given windows (default: all), by batched left-to-right decoding with llama.cpp."""
-    from dgchat.model_backend.loader import load_engine
-
     engine = load_engine(model_path, n_threads=threads)
     try:
         yield from _answer_all(engine, windows, settings, indices, n_parallel, threads, batch_tokens, progress)
@@ -113,8 +116,6 @@ def teacher_answers(model_path: Path, windows, settings: TeacherSettings, *, ind
 
 
 def _answer_all(engine, windows, settings, indices, n_parallel, threads, batch_tokens, progress):
-    from dgchat.model_backend import llamacpp
-
     eog = np.zeros(engine.n_vocab, bool)
     eog[[dtok.END_OF_TURN, dtok.EOS]] = True
     per_seq = int(np.diff(windows.seq_offsets).max()) + settings.max_new + 8  # the longest window and an answer
@@ -213,9 +214,6 @@ class TeacherAnswers:
     have been made from that data folder (its meta.json), or DgchatError says so."""
 
     def __init__(self, path: Path, data_dir: Path | None = None) -> None:
-        from dgchat.convert.default_model.plays_data import sha256_of
-        from dgchat.model_backend.errors import DgchatError
-
         try:
             with np.load(path, allow_pickle=False) as z:
                 window, turn, length, tokens = z["window"], z["turn"], z["length"], z["tokens"]
@@ -239,9 +237,6 @@ class TeacherAnswers:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dgchat.convert.default_model.plays_data import sha256_of
-    from dgchat.convert.default_model.train_default import Windows
-
     ap = argparse.ArgumentParser(prog="python -m dgchat.convert.default_model.distill", description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, required=True, help="the teacher GGUF (its --ar decoder)")
     ap.add_argument("--data-dir", type=Path, required=True)

@@ -92,7 +92,11 @@ import numpy as np
 from dgchat.convert.default_model import default_model_config as dmc
 from dgchat.convert.default_model import default_tokenizer as dtok
 from dgchat.convert.default_model import plays_data
+from dgchat.convert.default_model.distill import TeacherAnswers
+from dgchat.convert.default_model.token_windows import Windows
 from dgchat.convert.checkpoint import DGCHAT_GENERATION_FILE
+from dgchat.convert.default_model.warm_start import load_from_gguf
+from dgchat.model_backend.entropy_bound import accept_mask
 from dgchat.model_backend.errors import DgchatError
 
 # --------------------------------------------------------------------------------------------
@@ -256,26 +260,6 @@ def prepare_from_plays(data_dir: Path, train_plays: list[plays_data.Play], val_p
         }
     _atomic_json(data_dir / "meta.json", meta)
     return meta
-
-
-class Windows:
-    """Tokenized windows (read with allow_pickle=False) and their turn spans."""
-
-    def __init__(self, path: Path):
-        with np.load(path, allow_pickle=False) as z:
-            self.tokens = z["tokens"].astype(np.int64)
-            self.seq_offsets = z["seq_offsets"]
-            self.turns = z["turns"]
-            self.turn_offsets = z["turn_offsets"]
-
-    def __len__(self) -> int:
-        return len(self.seq_offsets) - 1
-
-    def ids(self, i: int) -> np.ndarray:
-        return self.tokens[self.seq_offsets[i]:self.seq_offsets[i + 1]]
-
-    def spans(self, i: int) -> np.ndarray:
-        return self.turns[self.turn_offsets[i]:self.turn_offsets[i + 1]]
 
 
 def canvases_for(ids: np.ndarray, spans: np.ndarray, canvas_length: int,
@@ -493,8 +477,6 @@ def rollout_canvases(logits, noise_gen):
     what the next generation step feeds the decoder as its canvas and its self-conditioning input,
     and which positions the sampler accepted (the next step redraws those too)."""
     import torch
-
-    from dgchat.model_backend.entropy_bound import accept_mask
 
     g = dmc.GenerationDefaults()
     dev = logits.device
@@ -881,8 +863,6 @@ def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: s
           teacher: Path | None = None, val_teacher: Path | None = None) -> dict[str, Any]:
     import torch
 
-    from dgchat.convert.default_model.distill import TeacherAnswers
-
     auto_threads = threads == 0
     if auto_threads:
         torch.set_num_threads(2 if os.cpu_count() and os.cpu_count() >= 2 else 1)
@@ -939,8 +919,6 @@ def train(data_dir: Path, run_dir: Path, objective: str = "diffusion", device: s
         log.write({"kind": "resume", "step": state["step"], "checkpoint": ckpt.name})
     else:
         if init_from is not None:
-            from dgchat.convert.default_model.warm_start import load_from_gguf
-
             log.write({"kind": "warm_start", **load_from_gguf(model, Path(init_from), data_dir / "tokenizer.json")})
             with autocast(dev, precision):
                 ev = evaluate(model, val_data, s, objective, dev, canvas_length, max_canvases, val_answers)

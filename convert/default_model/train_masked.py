@@ -65,8 +65,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from dgchat.convert.api import convert
 from dgchat.convert.default_model import default_tokenizer as dtok
 from dgchat.convert.default_model import train_default as td
+from dgchat.convert.default_model.warm_start import embedding_from_gguf
 from dgchat.model_backend.errors import DgchatError
 
 # --------------------------------------------------------------------------------------------
@@ -248,8 +250,6 @@ def init_embedding(model, gguf_path: Path, tokenizer_path: Path) -> None:
     its input embedding by sqrt(d_model) and LLaDA does not, so rows are rescaled to LLaDA's init
     std (the tied head reads them too, and the first RMSNorm makes the scale moot at the input)."""
     import torch
-
-    from dgchat.convert.default_model.warm_start import embedding_from_gguf
 
     wte = model.model.transformer["wte"].weight
     emb = embedding_from_gguf(gguf_path, tokenizer_path, wte.shape[0])
@@ -598,8 +598,6 @@ def main(argv: list[str] | None = None) -> int:
         out = export_hf(args.run_dir, args.data_dir, args.out, args.checkpoint)
         print(out)
         if args.gguf:
-            from dgchat.convert.api import convert
-
             res = convert(out, args.gguf, cache_capable=True)
             print(f"{res.output} ({res.gguf_arch}, {res.n_bytes} bytes)")
     return 0

@@ -49,7 +49,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dgchat import assets
 from dgchat.convert.default_model import plays_data
+from dgchat.convert.default_model.train_default import window_messages
+from dgchat.model_backend.loader import load_engine
+from dgchat.model_backend.events import FinalEvent
+from dgchat.model_backend.params import DiffusionParams
+from dgchat.paths import atomic_write_text
 
 PROMPTS_FILE = Path(__file__).with_name("word_validity_prompts.json")
 DEFAULT_DATA_DIR = Path(__file__).parent.parent / "runs" / "data"  # convert/runs/data, as before the move
@@ -122,8 +128,6 @@ def training_texts(train_plays: Iterable[plays_data.Play]) -> Iterable[str]:
     """The text of every training conversation the recipe builds: each message's speaker name and
     content (the system turn's character, description and scene, then the speeches). The chat
     template's own markup and role words ("system") are not the plays' words and are left out."""
-    from dgchat.convert.default_model.train_default import window_messages
-
     for play in train_plays:
         for scene in play.scenes:
             if scene.speeches:
@@ -208,8 +212,6 @@ def parse_settings(items: Sequence[str]) -> dict[str, Any]:
     ID:BIAS pairs separated by commas)."""
     from dataclasses import fields
 
-    from dgchat.model_backend.params import DiffusionParams
-
     known = {f.name for f in fields(DiffusionParams)}
     out: dict[str, Any] = {}
     for item in items:
@@ -241,9 +243,6 @@ def measure(engine: Any, prompts: Sequence[dict[str, str]], vocabulary: frozense
             ) -> dict[str, Any]:
     """Answer every prompt with every seed by diffusion and by --ar (model defaults unless
     `diffusion_settings` overrides the diffusion side); score and time them."""
-    from dgchat.model_backend.events import FinalEvent
-    from dgchat.model_backend.params import DiffusionParams
-
     run_modes = [(m, ar) for m, ar in MODES if m in modes]
     scores = {mode: Score() for mode, _ in run_modes}
     tokens = {mode: 0 for mode, _ in run_modes}
@@ -311,9 +310,6 @@ def table(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dgchat.assets import bundled_model_path
-    from dgchat.paths import atomic_write_text
-
     ap = argparse.ArgumentParser(prog="python -m dgchat.convert.default_model.word_validity", description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, default=None, help="GGUF to measure (default: the bundled model)")
     ap.add_argument("--prompts", type=Path, default=PROMPTS_FILE)
@@ -342,11 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     vocabulary = word_list(train_plays)
     prompts = read_prompts(args.prompts)[: args.limit]
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    model = args.model or bundled_model_path()
+    model = args.model or assets.bundled_model_path()
     if model is None:
         ap.error("no bundled model in this installation: pass --model")
-
-    from dgchat.model_backend.loader import load_engine
 
     t0 = time.perf_counter()
     with load_engine(model, n_threads=args.threads) as engine:

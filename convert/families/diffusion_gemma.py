@@ -26,6 +26,7 @@ from gguf.constants import GGMLQuantizationType, GGUFValueType
 
 from dgchat.convert.checkpoint import DGCHAT_GENERATION_FILE, Checkpoint
 from dgchat.convert.errors import ConvertError
+from dgchat.convert.families.masked import check_sizes
 from dgchat.convert.tokenizer_gguf import read_hf_tokenizer
 from dgchat.convert.writer import GGUFPlan, TensorPlan, encode, pick_type
 from dgchat.convert.writer import finish_plan as writer_finish_plan
@@ -86,8 +87,6 @@ class Hparams:
     tied: bool
 
     def __post_init__(self) -> None:
-        from dgchat.convert.families.masked import check_sizes
-
         check_sizes({k: v for k, v in self.__dict__.items() if k not in ("layer_types", "n_head_kv")})
         if len(self.layer_types) > 512 or not all(isinstance(h, int) and 1 <= h <= 1024 for h in self.n_head_kv):
             raise ConvertError("config.json: layer_types / num_key_value_heads are out of range")

@@ -30,7 +30,7 @@ from gguf.constants import GGMLQuantizationType
 from dgchat.convert.checkpoint import Checkpoint
 from dgchat.convert.errors import ConvertError
 from dgchat.convert.tokenizer_gguf import Vocab, read_hf_tokenizer
-from dgchat.convert.writer import GGUFPlan, TensorPlan, encode, pick_type
+from dgchat.convert.writer import GGUFPlan, TensorPlan, encode, finish_plan, pick_type
 
 Q = GGMLQuantizationType
 FORMAT_VERSION = 1
@@ -308,8 +308,6 @@ def zeros(name: str, shape: Sequence[int], qtype: GGMLQuantizationType = Q.F16) 
 
 def finish(plan: GGUFPlan, ckpt: Checkpoint, fam: Family, hp: Hparams, cache_capable: bool, name: str) -> GGUFPlan:
     """Everything after the tensors: keys, tokenizer, dgchat keys, cache-arch extras."""
-    from dgchat.convert.writer import finish_plan
-
     arch = fam.arch(cache_capable)
     write_arch_kv(plan, arch, hp)
     if cache_capable and fam.cache_extras is not None:

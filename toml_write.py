@@ -1,4 +1,5 @@
-"""Just enough TOML writing for character cards (strings, lists of strings); tomllib only reads."""
+"""Just enough TOML writing (strings, numbers, lists of strings) for character cards, config.toml edits and
+hardware.toml; tomllib only reads."""
 
 from __future__ import annotations
 

@@ -46,6 +46,7 @@ from dgchat.app.export import (
 from dgchat.app.generation import ChatAnswer, ContextCount, ContextCountJob
 from dgchat.app.live_view import LiveView
 from dgchat.app.model_picker import ModelPicker
+from dgchat.app.model_ops import save_precise
 from dgchat.app.model_source import ModelSource, ServerSource
 from dgchat.app.paths import display_name, short_path
 from dgchat.app.prompt_modal import PromptModal
@@ -1090,8 +1091,6 @@ class ChatScreen(Screen):
 
     def action_toggle_precise(self) -> None:
         """Exact mode on or off (config.toml's [engine] precise), then the model again with it."""
-        from dgchat.app.model_ops import save_precise
-
         config = self.app.config
         precise = not bool(config.precise)
         try:

@@ -32,7 +32,7 @@ def resolve_app_model(arg: str | None, config: Config) -> Path | None:
 def resolve_app_source(args: argparse.Namespace, config: Config) -> ModelSource | None:
     """The app's model: --server URL, else --model, else $DGCHAT_MODEL, else the config's [server]
     url, else its default_model, else the bundled model. A server named on the command line or in
-    the config wins over default_model, as for `dgchat generate` (dgchat.remote.cli)."""
+    the config wins over default_model, as for `dgchat generate` (dgchat.commands.server_args)."""
     server = getattr(args, "server", None)
     model = getattr(args, "model", None)
     if server and model:

@@ -834,9 +834,6 @@ _PRECISE_KEY_RE = re.compile(r"^\s*(precise|\"precise\")\s*=")
 def save_precise(config_path: Path, precise: bool) -> None:
     """Set `[engine] precise` (exact mode: f32 KV cache, no flash attention), keeping everything
     else as it is; creates the table, or the file, if there is none. Atomic."""
-    from dgchat.config import ConfigError
-    from dgchat.app.paths import atomic_write_text
-
     config_path = Path(config_path)
     lines = _config_lines(config_path)
     line = f"precise = {'true' if precise else 'false'}\n"

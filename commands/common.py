@@ -18,6 +18,7 @@ from dgchat.config import load_config
 from dgchat.hub.manager import ModelManager
 from dgchat.model_backend import rpc
 from dgchat.model_backend.errors import InvalidParameterError, ModelFileError
+from dgchat.model_backend.param_resolution import CONFIG, FLAG, Layer, precise_setting
 from dgchat.model_backend.params import (
     ALGORITHMS,
     CACHE_MODES,
@@ -127,13 +128,9 @@ def add_precise_arg(parser: argparse.ArgumentParser, help: str = PRECISE_HELP) -
 def precise_choice(args: argparse.Namespace) -> tuple[bool, str]:
     """Exact mode and where it was chosen: --precise/--no-precise, else config.toml's [engine]
     precise, else off (model_backend/param_resolution.precise_setting)."""
-    from dgchat.model_backend.param_resolution import CONFIG, FLAG, precise_setting
-
     flag = getattr(args, "precise", None)
     if flag is not None:
         return precise_setting((FLAG, flag))
-    from dgchat.config import load_config
-
     return precise_setting((CONFIG, load_config().precise))
 
 
@@ -147,10 +144,8 @@ def open_local_engine(model_path: str | Path, *, n_gpu_layers: int | None = None
     return load_engine(model_path, n_gpu_layers=n_gpu_layers, n_threads=n_threads, precise=precise)
 
 
-def flag_layer(args: argparse.Namespace) -> Any:
+def flag_layer(args: argparse.Namespace) -> Layer:
     """The sampler flags as the "flag" layer of model_backend/param_resolution."""
-    from dgchat.model_backend.param_resolution import FLAG, Layer
-
     return Layer.of(FLAG, params_from_args(args))
 
 

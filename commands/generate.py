@@ -32,7 +32,7 @@ from dgchat.recording.asciicast import Pace, asciicast, cast_title, check_target
 from dgchat.recording.frame_text import render_step
 from dgchat.recording.history import HistoryRecorder
 from dgchat.remote import RemoteEngine
-from dgchat.remote.cli import add_server_args, server_choice
+from dgchat.commands.server_args import add_server_args, server_choice
 from dgchat.remote.engine import flag
 from dgchat.terminal_text import for_stream
 

@@ -14,7 +14,7 @@ from dgchat.npc.cards import load_cards
 from dgchat.npc.export import build_export, export_json, write_export
 from dgchat.npc.generator import NpcGenerator
 from dgchat.npc.lines_file import load_lines_file
-from dgchat.remote.cli import add_server_args, server_choice
+from dgchat.commands.server_args import add_server_args, server_choice
 from dgchat.remote.npc_lines import check_servers, generate_remote
 from dgchat.remote.pool import ServerPool
 from dgchat.terminal_text import cli_line, for_stream, one_line

@@ -81,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
                          allow_hosts=tuple(args.allow_host), allow_origins=tuple(args.allow_origin))
     config.validate()  # before loading the model: a refused --host costs nothing
 
-    from dgchat.model_backend import llamacpp
-    from dgchat.server.app import serve
+    from dgchat.model_backend import llamacpp  # the shared library: loaded once the config is valid
+    from dgchat.server.app import serve  # heavy: see above
 
     llamacpp.set_verbose(getattr(args, "verbose", False))
     engine = open_local_engine(resolve_model_path(args.model), n_gpu_layers=args.n_gpu_layers,

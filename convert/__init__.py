@@ -13,7 +13,7 @@ __all__ = ["ConvertResult", "convert"]
 def __getattr__(name: str):
     # `convert` pulls in numpy and gguf; keep `import dgchat.convert` itself cheap
     if name in __all__:
-        from dgchat.convert import api
+        from dgchat.convert import api  # lazily: numpy and gguf only when used
 
         return getattr(api, name)
     raise AttributeError(name)

@@ -71,7 +71,9 @@ class Engine(Protocol):
 
 class LocalEngine(Engine, Protocol):
     """An engine whose model runs in this process (DiffusionEngine): what the server and the NPC
-    generator need on top of `Engine`, the model's own score of a text."""
+    generator need on top of `Engine`, the model's own score of a text, and whether it runs exact."""
+
+    precise: bool  # f32 KV cache, no flash attention (`--precise`)
 
     def pseudo_log_likelihood(self, context: np.ndarray, answer: np.ndarray, *, groups: int = 4) -> np.ndarray: ...
 

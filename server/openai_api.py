@@ -388,14 +388,13 @@ class GenPlan:
         return len(self.params)
 
 
-def params_table(plan: GenPlan, engine: Any) -> dict[str, dict[str, Any]]:
+def params_table(plan: GenPlan, engine: LocalEngine) -> dict[str, dict[str, Any]]:
     """The settings of the plan's choices, each with its source (model_backend/param_resolution):
     the request, the model's defaults, "derived" (a canvas fitted to max_tokens), and exact mode
     ("server": `dgchat serve --precise`). Seeds and logit biases differ per choice or are long:
     left out, as from `settings`."""
     layers = [Layer.of(REQUEST, plan.requested)] if plan.requested is not None else []
-    precise = (bool(getattr(engine, "precise", False)), SERVER)
-    table = explain(plan.params[0], layers, getattr(engine, "info", None), precise=precise).table()
+    table = explain(plan.params[0], layers, engine.info, precise=(engine.precise, SERVER)).table()
     table.pop("seed", None)
     table.pop("logit_bias", None)
     return table

@@ -815,16 +815,9 @@ def save_server(config_path: Path, url: str | None, api_key: str | None = None) 
         lines.append(f"url = {toml_string(url)}\n")
         if api_key:
             lines.append(f"api_key = {toml_string(api_key)}\n")
-    text = "".join(lines)
-    try:
-        parsed = parse_toml(text)
-    except TomlFileError as exc:
-        raise ConfigError(f"{config_path}: {exc}, so [server] was not written") from None
-    table = parsed.get("server") if isinstance(parsed.get("server"), dict) else {}
-    if table.get("url") != url or table.get("api_key") != (api_key if url is not None and api_key else None):
-        raise ConfigError(f"{config_path}: [server] could not be set (is it written another way, such as "
-                          "server.url = …?); edit it by hand")
-    atomic_write_text(config_path, text)  # 0600, as every settings file: it may hold a key
+    wanted_key = api_key if url is not None and api_key else None
+    _write_config(config_path, "".join(lines), "server", "url", "[server]",
+                  lambda table: table.get("url") == url and table.get("api_key") == wanted_key)
 
 
 _ENGINE_TABLE_RE = re.compile(r"^\s*\[\s*engine\s*\]\s*(#.*)?$")
@@ -846,13 +839,20 @@ def save_precise(config_path: Path, precise: bool) -> None:
         if lines and lines[-1].strip():
             lines.append("\n")
         lines += ["[engine]\n", line]
-    text = "".join(lines)
+    _write_config(config_path, "".join(lines), "engine", "precise", "[engine] precise",
+                  lambda table: table.get("precise") is precise)
+
+
+def _write_config(config_path: Path, text: str, table_name: str, key: str, what: str,
+                  took: Callable[[dict], bool]) -> None:
+    """Write the edited config.toml once it parses and `took` finds the edit in it, atomically and
+    0600 as every settings file (it may hold a key); else a ConfigError and the file unchanged."""
     try:
         parsed = parse_toml(text)
     except TomlFileError as exc:
-        raise ConfigError(f"{config_path}: {exc}, so [engine] precise was not written") from None
-    table = parsed.get("engine") if isinstance(parsed.get("engine"), dict) else {}
-    if table.get("precise") is not precise:
-        raise ConfigError(f"{config_path}: [engine] precise could not be set (is it written another way, such as "
-                          "engine.precise = …?); edit it by hand")
+        raise ConfigError(f"{config_path}: {exc}, so {what} was not written") from None
+    table = parsed.get(table_name) if isinstance(parsed.get(table_name), dict) else {}
+    if not took(table):
+        raise ConfigError(f"{config_path}: {what} could not be set (is it written another way, such as "
+                          f"{table_name}.{key} = …?); edit it by hand")
     atomic_write_text(config_path, text)

@@ -16,7 +16,6 @@ from dgchat.model_backend.engine_protocol import LocalEngine
 from dgchat import assets
 from dgchat.config import load_config
 from dgchat.hub.manager import ModelManager
-from dgchat.model_backend import rpc
 from dgchat.model_backend.errors import InvalidParameterError, ModelFileError
 from dgchat.model_backend.param_resolution import CONFIG, FLAG, Layer, precise_setting
 from dgchat.model_backend.params import (
@@ -71,6 +70,8 @@ def use_rpc_servers(spec: str, *, command: str | None, remote: object = None) ->
                                     "engine: give one of them")
     if command == "bench":
         raise InvalidParameterError("dgchat bench measures in fresh processes of its own: --rpc is not supported there")
+
+    from dgchat.model_backend import rpc  # loads llama.cpp: only when --rpc is given
 
     endpoints = rpc.connect(spec)
     sys.stderr.write("dgchat: model layers go to the RPC server(s) " + ", ".join(e.text for e in endpoints)

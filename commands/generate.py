@@ -54,8 +54,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--record-width", metavar="COLUMNS", type=int, default=80,
                    help="the recording's width in columns (default 80)")
     p.add_argument("--json", action="store_true",
-                   help="print the answer and statistics as one JSON object (`resolved_params`: each setting's "
-                        "value and where it came from)")
+                   help="print the answer and statistics as one JSON object (`params`: each setting's value and "
+                        "where it came from; `settings`: the values alone)")
     add_precise_arg(p)
     add_sampler_args(p)
     add_server_args(p)
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         with ctrl_c_cancels() as cancel:
             final = _drive(engine, prompt, resolved, cancel, visual=args.visual and not args.json, recorder=recorder)
         code = _report(final, args, lambda: _as_json(final, engine, model_path, resolved) | {
-            "resolved_params": table.table()})
+            "params": table.table()})
         if recording and recorder is not None:
             recording.write(recorder, final, title=("dgchat", model_path.name, prompt_text))
         return code
@@ -194,7 +194,7 @@ def _as_json(final: FinalEvent, engine: Engine, model_path, params) -> dict[str,
         "model": str(model_path),
         "architecture": engine.info.architecture,
         "engine": final.engine_label,
-        "params": params.as_dict(),
+        "settings": params.as_dict(),  # the values alone; "params" (added by the caller): with their sources
         "stats": final.stats.as_dict(),
     }
 
@@ -228,7 +228,7 @@ def _run_remote(args: argparse.Namespace, url: str, api_key: str | None) -> int:
         with ctrl_c_cancels() as cancel:
             final = _drive(engine, prompt, resolved, cancel, visual=visual, recorder=recorder)
         code = _report(final, args, lambda: _remote_json(final, engine, resolved) | {
-            "resolved_params": table.table()})
+            "params": table.table()})
         if recording and recorder is not None:
             recording.write(recorder, final, title=("dgchat", engine.model_id, prompt_text))
         return code
@@ -246,6 +246,6 @@ def _remote_json(final: FinalEvent, engine: RemoteEngine, params) -> dict[str, A
         "server": engine.url,
         "architecture": engine.info.architecture,
         "engine": final.engine_label,
-        "params": settings or params.as_dict(),
+        "settings": settings or params.as_dict(),
         "stats": final.stats.as_dict(),
     }

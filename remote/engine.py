@@ -49,10 +49,9 @@ import numpy as np
 
 from dgchat.model_backend.canvas import CanvasSnapshot
 from dgchat.model_backend.errors import ContextOverflowError, InvalidParameterError
-from dgchat.model_backend.engine import DiffusionEngine
 from dgchat.model_backend.events import FinalEvent, GenerationStats, StepEvent, StepTiming
-from dgchat.model_backend.loader import ENGINE_CLASSES
 from dgchat.model_backend.model_info import ModelInfo
+from dgchat.model_backend.param_resolution import resolve_params
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.remote import limits, wire
 from dgchat.remote.client import (
@@ -81,17 +80,6 @@ _NOT_ON_THE_WIRE = ("gumbel", "mode", "early_stop", "stability_threshold", "conf
 def flag(name: str) -> str:
     """A DiffusionParams field as the command line spells it."""
     return {"early_stop": "--no-early-stop", "autoregressive": "--ar"}.get(name, "--" + name.replace("_", "-"))
-
-
-@dataclass
-class _ResolveShadow:
-    """What DiffusionEngine.resolve reads of an engine: the model's header facts, and `model.n_vocab`
-    (the remote engine itself answers that). The server has the last word on placement
-    (--sampler-on), so the backend is assumed present."""
-
-    info: ModelInfo
-    model: RemoteEngine
-    backend_sampler: bool = True
 
 
 class RemotePrompt(np.ndarray):
@@ -323,16 +311,19 @@ class RemoteEngine:
     # -- parameters -----------------------------------------------------------------------------
     def resolve(self, params: DiffusionParams | None = None) -> DiffusionParams:
         """Unset settings filled as the server's engine fills them. A dgchat server reports its model's
-        recommended settings, so this runs the engine's own resolve on them (nothing is loaded: the
-        rules read only the model's header facts); other servers fill their own defaults, so only
-        max_tokens is set here."""
+        recommended settings, so this runs the engines' own rules on them (model_backend/
+        param_resolution: they read only the model's header facts; the server has the last word on
+        placement, --sampler-on); other servers fill their own defaults, so only max_tokens is set here."""
         params = params or DiffusionParams()
         d = self.server_model.details
         if self.is_dgchat and d is not None and d.model_defaults is not None:
-            resolve = ENGINE_CLASSES.get(self.info.family, DiffusionEngine).resolve
-            shadow = _ResolveShadow(replace(self.info, defaults=dict(d.model_defaults),
-                                            has_kv_memory=d.has_kv_memory), self)
-            return resolve(shadow, params)  # type: ignore[arg-type]
+            info = replace(self.info, defaults=dict(d.model_defaults), has_kv_memory=d.has_kv_memory)
+            params = resolve_params(info, params).params
+            bad = [t for t, _ in params.logit_bias if self.n_vocab and t >= self.n_vocab]
+            if bad:
+                raise InvalidParameterError(f"logit_bias token id {bad[0]} is outside the vocabulary "
+                                            f"({self.n_vocab} tokens)")
+            return params
         if params.max_tokens is None:
             params = params.updated(max_tokens=params.gen_length or min(1024, self.n_ctx_max // 2))
         params.validate()

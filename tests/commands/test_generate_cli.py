@@ -28,7 +28,8 @@ def test_json_output(llada_gguf: Path) -> None:
     stats = out["stats"]
     assert stats["steps"] == 16 and stats["canvases"] == 1 and stats["tokens"] == len(out["tokens"]) <= 32
     assert stats["model_s"] > 0 and stats["tokens_per_s"] > 0
-    assert out["params"]["block_length"] == 8
+    assert out["settings"]["block_length"] == 8
+    assert out["params"]["block_length"] == {"value": 8, "source": "flag"}
     # deterministic under a seed
     again = json.loads(dgchat("generate", "-m", str(llada_gguf), "-p", "Halt, traveller", "--gen-length", "32",
                               "--steps", "16", "--block-length", "8", "--json", "--seed", "3").stdout)

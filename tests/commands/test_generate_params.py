@@ -29,7 +29,7 @@ def _generate(*args: str, config: str | None = None, tmp_path: Path) -> dict:
 
 def test_values_and_sources_of_a_flag_the_config_and_the_model_file(tmp_path: Path) -> None:
     out = _generate("--steps", "7", config="[engine]\nprecise = true\n", tmp_path=tmp_path)
-    table = out["resolved_params"]
+    table = out["params"]
     assert table["steps"] == {"value": 7, "source": "flag"}
     assert table["max_tokens"] == {"value": 16, "source": "flag"}
     assert table["precise"] == {"value": True, "source": "config"}
@@ -38,20 +38,20 @@ def test_values_and_sources_of_a_flag_the_config_and_the_model_file(tmp_path: Pa
     assert table["algorithm"] == {"value": "entropy", "source": "family default"}
     assert table["cache"] == {"value": "none", "source": "derived"}
     assert table["seed"] == {"value": 0, "source": "default"}
-    # the values are the ones the run used (the flat `params` object, unchanged)
-    assert all(out["params"][name] == row["value"] for name, row in table.items() if name not in ("precise",
+    # the values are the ones the run used (the flat `settings` object)
+    assert all(out["settings"][name] == row["value"] for name, row in table.items() if name not in ("precise",
                                                                                                   "logit_bias"))
     assert out["stats"]["steps"] > 0
 
 
 def test_the_flag_wins_over_the_config(tmp_path: Path) -> None:
     out = _generate("--no-precise", config="[engine]\nprecise = true\n", tmp_path=tmp_path)
-    assert out["resolved_params"]["precise"] == {"value": False, "source": "flag"}
+    assert out["params"]["precise"] == {"value": False, "source": "flag"}
     out = _generate("--precise", "--temperature", "0.5", tmp_path=tmp_path)
-    table = out["resolved_params"]
+    table = out["params"]
     assert table["precise"] == {"value": True, "source": "flag"}
     assert table["temperature"] == {"value": 0.5, "source": "flag"}
-    plain = _generate(config="", tmp_path=tmp_path)["resolved_params"]
+    plain = _generate(config="", tmp_path=tmp_path)["params"]
     assert plain["precise"] == {"value": False, "source": "default"}
 
 

@@ -4,6 +4,7 @@
     python engine/build.py                 # download, patch, build, install into this Python
     CMAKE_ARGS="-DGGML_CUDA=on" python engine/build.py     # GPU builds: CMAKE_ARGS passes through
     python engine/build.py --no-rpc        # without llama.cpp's RPC backend (or DGCHAT_ENGINE_RPC=0)
+    python engine/build.py --full          # also libmtmd and llama-common (or DGCHAT_ENGINE_FULL=1)
     python engine/build.py --check         # download + apply the patches only (no compiler needed)
     python engine/build.py --sdist FILE    # use an already downloaded sdist (offline)
     python engine/build.py --slim-source OUT.tar.xz   # a few-MB patched source archive, see below
@@ -18,8 +19,17 @@ wheel. Standard library only: this runs before dgchat is installed.
 The build adds -DGGML_RPC=ON to CMAKE_ARGS (unless CMAKE_ARGS sets GGML_RPC itself, or --no-rpc):
 the wheel then also holds libggml-rpc, the backend behind `dgchat --rpc HOST:PORT` (layers on other
 machines) and `dgchat rpc-server` (docs/SCALING.md). It is on by default because it costs about
-14 s of a ~10 min build (ggml-rpc.cpp + transport.cpp, measured from ninja's log on 2 cores) and
+14 s of the build (ggml-rpc.cpp + transport.cpp, measured from ninja's log on 2 cores) and
 one 188 KB library, and lets the test suite check RPC wherever the engine is built.
+
+It also adds -DLLAVA_BUILD=OFF -DDGCHAT_NO_COMMON=ON (unless CMAKE_ARGS sets them, or --full): dgchat
+never loads llama-cpp-python's multimodal library or llama.cpp's llama-common, and together they are
+103 of the build's 181 compile units (patch 0014). README's install command on a fresh venv with an
+empty cache, 2 cores: 8 min 17 s with them, 3 min 30 s without (one session, side by side).
+
+Vulkan (AMD, Intel and other GPUs; on Debian 12 with the packages README names):
+CMAKE_ARGS="-DGGML_VULKAN=on" python engine/build.py (patch 0013 lets ggml-vulkan compile with
+Vulkan headers older than 1.3.272).
 
 --slim-source OUT writes, instead of a wheel, a small deterministic archive (.tar.xz, or .tar.gz by
 its name) of the PATCHED sources for builds where the 77 MB sdist cannot travel (the offline GPU
@@ -57,6 +67,10 @@ HERE = Path(__file__).resolve().parent
 PATCH_DIR = HERE / "patches"
 RPC_CMAKE_ARG = "-DGGML_RPC=ON"
 RPC_ENV = "DGCHAT_ENGINE_RPC"
+# What dgchat never loads: llama-cpp-python's multimodal library (libmtmd, LLAVA_BUILD) and
+# llama.cpp's llama-common, which only libmtmd, the examples and the tools link (patch 0014).
+LEAN_CMAKE_ARGS = ("-DLLAVA_BUILD=OFF", "-DDGCHAT_NO_COMMON=ON")
+FULL_ENV = "DGCHAT_ENGINE_FULL"
 
 
 class BuildError(Exception):
@@ -217,11 +231,16 @@ def rpc_requested(cmake_args: str) -> bool:
     return re.search(r"-DGGML_RPC=(ON|1|TRUE|YES)\b", cmake_args, re.I) is not None
 
 
-def effective_cmake_args(environ_args: str, rpc: bool) -> str:
-    """CMAKE_ARGS as given, plus the RPC backend when asked for and CMAKE_ARGS does not set it."""
-    if rpc and re.search(r"-DGGML_RPC=", environ_args, re.I) is None:
-        return f"{environ_args} {RPC_CMAKE_ARG}".strip()
-    return environ_args
+def effective_cmake_args(environ_args: str, rpc: bool, lean: bool = False) -> str:
+    """CMAKE_ARGS as given, plus the RPC backend when asked for, plus (lean) LEAN_CMAKE_ARGS; an
+    option CMAKE_ARGS sets itself is left as it is."""
+    extra = ([RPC_CMAKE_ARG] if rpc else []) + (list(LEAN_CMAKE_ARGS) if lean else [])
+    args = " ".join(environ_args.split())  # spacing must not change the wheel's cache key
+    for arg in extra:
+        name = arg.split("=", 1)[0]
+        if re.search(re.escape(name) + "=", environ_args, re.I) is None:
+            args = f"{args} {arg}".strip()
+    return args
 
 
 def build_wheel(root: Path, out_dir: Path, work: Path, cmake_args: str) -> Path:
@@ -484,6 +503,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rebuild", action="store_true", help="ignore a cached wheel (or slim archive)")
     ap.add_argument("--rpc", action="store_true", help=f"build llama.cpp's RPC backend ({RPC_CMAKE_ARG}; the default)")
     ap.add_argument("--no-rpc", action="store_true", help=f"leave the RPC backend out (same as {RPC_ENV}=0)")
+    ap.add_argument("--full", action="store_true",
+                    help=f"also build libmtmd and llama-common, which dgchat does not use (same as {FULL_ENV}=1)")
     ap.add_argument("--slim-source", default=None, metavar="OUT",
                     help="write a small archive of the patched sources (OUT: *.tar.xz, *.tar.gz or a folder) "
                          "for offline builds, and nothing else")
@@ -497,7 +518,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         rpc_off = args.no_rpc or os.environ.get(RPC_ENV, "").strip().lower() in ("0", "off", "false", "no")
         rpc = args.rpc or not rpc_off
-        cmake_args = effective_cmake_args(os.environ.get("CMAKE_ARGS", ""), rpc)
+        full = args.full or os.environ.get(FULL_ENV, "").strip().lower() in ("1", "on", "true", "yes")
+        cmake_args = effective_cmake_args(os.environ.get("CMAKE_ARGS", ""), rpc, lean=not full)
         key = build_key(patches, cmake_args)
         wheel_dir = cache / "wheels" / key
         wheel = None if (args.rebuild or args.check) else cached_wheel(wheel_dir)

@@ -36,7 +36,7 @@ def logits(path: Path, n_gpu_layers: int, tokens: np.ndarray) -> tuple[np.ndarra
             ctx.close()
     lines = L.recent_log(100000)[before:]
     keep = [ln.strip() for ln in lines
-            if any(k in ln for k in ("offload", "CUDA", "cuda", "GPU", "VRAM", "compute capability"))]
+            if any(k in ln for k in ("offload", "CUDA", "cuda", "Vulkan", "GPU", "VRAM", "compute capability"))]
     return out, keep
 
 

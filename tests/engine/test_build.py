@@ -27,7 +27,7 @@ def test_version_and_patch_level_agree() -> None:
 
 def test_cache_key_tracks_patches_and_cmake_args(tmp_path: Path) -> None:
     patches = build.patch_files()
-    assert [p.name[:4] for p in patches] == [f"{i:04d}" for i in range(1, 13)]
+    assert [p.name[:4] for p in patches] == [f"{i:04d}" for i in range(1, 15)]
     k = build.build_key(patches, "")
     assert k == build.build_key(patches, "")
     assert k != build.build_key(patches, "-DGGML_CUDA=on")
@@ -37,6 +37,18 @@ def test_cache_key_tracks_patches_and_cmake_args(tmp_path: Path) -> None:
         (changed / p.name).write_bytes(p.read_bytes())
     (changed / patches[-1].name).write_bytes(patches[-1].read_bytes() + b"\n")
     assert build.build_key(build.patch_files(changed), "") != k
+
+
+def test_the_default_build_leaves_out_what_dgchat_never_loads() -> None:
+    """libmtmd (LLAVA_BUILD) and llama-common (patch 0014) are left out unless CMAKE_ARGS names them
+    or --full is given; an option the user sets is never overridden."""
+    assert build.effective_cmake_args("", True, lean=True) == "-DGGML_RPC=ON -DLLAVA_BUILD=OFF -DDGCHAT_NO_COMMON=ON"
+    assert build.effective_cmake_args("-DGGML_VULKAN=on", False, lean=True) == (
+        "-DGGML_VULKAN=on -DLLAVA_BUILD=OFF -DDGCHAT_NO_COMMON=ON")
+    assert build.effective_cmake_args("-DLLAVA_BUILD=ON", False, lean=True) == "-DLLAVA_BUILD=ON -DDGCHAT_NO_COMMON=ON"
+    assert build.effective_cmake_args("", False) == ""
+    patch = (ROOT / "engine" / "patches" / "0014-no-common-library.patch").read_text()
+    assert "option(DGCHAT_NO_COMMON" in patch and "set(LLAMA_BUILD_COMMON OFF)" in patch
 
 
 def test_bad_sdist_is_rejected(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -26,7 +26,7 @@ import pytest
 
 from fixtures.engine_build import ROOT, build, local_sdist as _local_sdist
 
-SCRIPTS = [ROOT / "tests" / "bench" / "gpu_check.sh", ROOT / "tests" / "bench" / "gpu_check_prepare.sh"]
+SCRIPTS = [ROOT / "tests" / "bench" / name for name in ("gpu_check.sh", "gpu_check_prepare.sh", "vulkan_check.sh")]
 MAX_ARCHIVE_MB = 6  # 1.9 MB at patch level 3; the device tool carries 64 MiB in all, wheels included
 
 

@@ -12,10 +12,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from dgchat.model_backend.engine_protocol import LocalEngine
 from dgchat import assets
 from dgchat.config import load_config
 from dgchat.hub.manager import ModelManager
+from dgchat.model_backend.engine_protocol import LocalEngine
 from dgchat.model_backend.errors import InvalidParameterError, ModelFileError
 from dgchat.model_backend.param_resolution import CONFIG, FLAG, Layer, precise_setting
 from dgchat.model_backend.params import (

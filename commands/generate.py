@@ -23,6 +23,7 @@ from dgchat.commands.common import (
     precise_choice,
     resolve_model_path,
 )
+from dgchat.commands.server_args import add_server_args, server_choice
 from dgchat.model_backend.engine_protocol import Engine
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.model_backend.events import FinalEvent, StepEvent
@@ -32,7 +33,6 @@ from dgchat.recording.asciicast import Pace, asciicast, cast_title, check_target
 from dgchat.recording.frame_text import render_step
 from dgchat.recording.history import HistoryRecorder
 from dgchat.remote import RemoteEngine
-from dgchat.commands.server_args import add_server_args, server_choice
 from dgchat.remote.engine import flag
 from dgchat.terminal_text import for_stream
 

@@ -251,9 +251,7 @@ class DiffusionEngine:
         if params.sampler_on == "backend" and not self.backend_sampler:
             raise InvalidParameterError("--sampler-on backend needs dgchat's engine (patch level 3: README's "
                                         "install command); this llama-cpp-python samples on the host only")
-        bad = [t for t, _ in params.logit_bias if t >= self.model.n_vocab]
-        if bad:
-            raise InvalidParameterError(f"logit_bias token id {bad[0]} is outside the vocabulary ({self.model.n_vocab} tokens)")
+        params.check_vocabulary(self.model.n_vocab)
         return params
 
     def on_backend(self, params: DiffusionParams) -> bool:

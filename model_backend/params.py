@@ -99,6 +99,13 @@ class DiffusionParams:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def check_vocabulary(self, n_vocab: int) -> None:
+        """Raise InvalidParameterError when a logit_bias token id is not below `n_vocab` (0: the size
+        is not known, nothing to check)."""
+        bad = [t for t, _ in self.logit_bias if n_vocab and t >= n_vocab]
+        if bad:
+            raise InvalidParameterError(f"logit_bias token id {bad[0]} is outside the vocabulary ({n_vocab} tokens)")
+
     def validate(self) -> None:
         """Raise InvalidParameterError naming the first bad value (the field as its CLI flag).
 

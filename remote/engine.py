@@ -319,10 +319,7 @@ class RemoteEngine:
         if self.is_dgchat and d is not None and d.model_defaults is not None:
             info = replace(self.info, defaults=dict(d.model_defaults), has_kv_memory=d.has_kv_memory)
             params = resolve_params(info, params).params
-            bad = [t for t, _ in params.logit_bias if self.n_vocab and t >= self.n_vocab]
-            if bad:
-                raise InvalidParameterError(f"logit_bias token id {bad[0]} is outside the vocabulary "
-                                            f"({self.n_vocab} tokens)")
+            params.check_vocabulary(self.n_vocab)
             return params
         if params.max_tokens is None:
             params = params.updated(max_tokens=params.gen_length or min(1024, self.n_ctx_max // 2))

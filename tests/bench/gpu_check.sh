@@ -12,14 +12,15 @@
 #   sanity  patch level, gpu_offload, a tiny model with every layer on the GPU (gpu_check_sanity.py)
 #   tests   DiffusionGemma equivalence tests with every layer on the GPU (DGCHAT_TEST_GPU_LAYERS)
 #   bench   tests/bench/bench_dg_fullshape.py on the 30-layer random full-shape GGUF
+#   splits  tests/bench/bench_device_splits.py: graph splits per step, ops left on the CPU (into bench.log)
 # Logs and results go to $OUT (the device tool brings back at most 8 files; this writes 8):
 #   summary.txt build.log sanity.log tests.log junit.xml make.log bench.log bench.json
 #
 # Knobs (environment), defaults in brackets:
 #   CUDA_ARCH [90]  CUDA_FA [ON: flash-attention kernels; OFF compiles ~40 fewer CUDA files]
 #   BUDGET_S [565]  wall-clock budget of the whole script; keep it under the run's timeout_s
-#   T_BUILD [330] T_SANITY [60] T_TESTS [200] T_MAKE [330] T_BENCH [240]  caps per stage (s)
-#   STAGES ["sanity tests bench"]  (build always runs)   GPU_CHECK_DIR [.gpu_check]
+#   T_BUILD [330] T_SANITY [60] T_TESTS [200] T_MAKE [330] T_BENCH [240] T_SPLITS [60]  caps per stage (s)
+#   STAGES ["sanity tests bench splits"]  (build always runs)   GPU_CHECK_DIR [.gpu_check]
 #   TESTS ["tests/model_backend/test_diffusion_gemma_numerics.py tests/model_backend/test_diffusion_gemma_sampler.py tests/model_backend/test_backend_sampler.py"]  PYTEST_ARGS []
 #   BENCH_MODEL [/tmp/gpu_check/dg-fullshape-L30-q4_0.gguf] BENCH_LAYERS [30] BENCH_QTYPE [q4_0]
 #   MAKE_ARGS [] (extra make_fullshape_dg.py flags)   BENCH_STEPS [16,24,32,48]  BENCH_ARGS []
@@ -45,7 +46,8 @@ CUDA_FA=${CUDA_FA:-ON}
 CUDA=${CUDA:-ON}
 BUDGET_S=${BUDGET_S:-565}
 T_BUILD=${T_BUILD:-330}; T_SANITY=${T_SANITY:-60}; T_TESTS=${T_TESTS:-200}; T_MAKE=${T_MAKE:-330}; T_BENCH=${T_BENCH:-240}
-STAGES=${STAGES:-sanity tests bench}
+T_SPLITS=${T_SPLITS:-60}
+STAGES=${STAGES:-sanity tests bench splits}
 TESTS=${TESTS:-tests/model_backend/test_diffusion_gemma_numerics.py tests/model_backend/test_diffusion_gemma_sampler.py tests/model_backend/test_backend_sampler.py}
 PYTEST_ARGS=${PYTEST_ARGS:-}
 BENCH_LAYERS=${BENCH_LAYERS:-30}; BENCH_QTYPE=${BENCH_QTYPE:-q4_0}; BENCH_STEPS=${BENCH_STEPS:-16,24,32,48}
@@ -205,7 +207,7 @@ export LD_LIBRARY_PATH="$BUILD/bin${LIBDIRS:+:$LIBDIRS}${LD_LIBRARY_PATH:+:$LD_L
 
 # -- (a) sanity, (b) equivalence tests on the GPU, (c) full-shape bench --------------------------------
 if (( BUILD_RC != 0 )); then
-    for s in sanity tests bench; do want $s && skip $s "no engine (build ${STATUS[build]})"; done
+    for s in sanity tests bench splits; do want $s && skip $s "no engine (build ${STATUS[build]})"; done
 else
     if want sanity; then
         { nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1 || true; } > "$OUT/sanity.log"
@@ -234,6 +236,15 @@ else
             skip bench "no full-shape GGUF (writer ${STATUS[make]:-not run}; see make.log)"
         fi
     fi
+    if want splits; then
+        # graph splits per denoising step with every layer on the GPU (ops ggml-cuda leaves to the CPU),
+        # on the full-shape file (262k vocabulary) when it was written, else the bundled model; appended
+        # to bench.log (the device tool brings back 8 files)
+        SPLITS_MODEL=assets/dgchat-tiny-plays.gguf
+        [[ -f "$BENCH_MODEL.done" ]] && SPLITS_MODEL=$BENCH_MODEL
+        run_stage splits "$T_SPLITS" "$OUT/bench.log" "$PY" tests/bench/bench_device_splits.py \
+            --model "$SPLITS_MODEL" --steps 2
+    fi
 fi
 if [[ -n "$MAKE_PID" ]] && kill -0 "$MAKE_PID" 2>/dev/null; then kill -TERM "$MAKE_PID" 2>/dev/null; wait "$MAKE_PID"; fi
 
@@ -257,6 +268,7 @@ if [[ -n "$MAKE_PID" ]] && kill -0 "$MAKE_PID" 2>/dev/null; then kill -TERM "$MA
     fi
     if [[ -f "$OUT/bench.log" ]]; then
         echo "-- bench"; grep -E "^engine |^dg-" "$OUT/bench.log"; sed -n '/^configuration/,/^peak RSS/p' "$OUT/bench.log"
+        echo "-- splits"; grep -E "^model |^splits per graph|^last graph|^  splits|^nodes on the CPU|^  +[0-9.]+  |^no node on" "$OUT/bench.log"
     fi
 } > "$OUT/summary.txt" 2>&1
 cat "$OUT/summary.txt"

@@ -31,6 +31,7 @@ from dgchat.model_backend.errors import InvalidParameterError
 from dgchat.model_backend.events import FinalEvent
 from dgchat.model_backend.params import DiffusionParams
 from fixtures.backend_oracle import DgStepOracle, OracleReport, compare_stats
+from fixtures.device import offload_backend
 from fixtures.wide_vocab import write_wide_vocab_gguf
 
 pytestmark = pytest.mark.skipif(not L.engine_info().backend_sampler,
@@ -221,17 +222,39 @@ def test_masked_generations_are_the_same_tokens_on_both_paths(cfg, wide_gguf, ll
 
 
 def test_masked_batch_on_the_backend_matches_single_generations(llama_nc_gguf) -> None:
+    """Two sequences decoded together give each the generation it gets alone: the first step's logits
+    of each sequence agree to rounding (a batch changes the attention's shapes: 1.2e-3 of logits up to
+    ~14 on the CPU with its default f16 cache, 6.7e-6 on lavapipe), and on the CPU backend the tokens
+    are the same. A GPU backend picks kernels, tiles and split-k by shape (ggml-vulkan: mul_mat_vec or
+    mul_mm, f16 copies of non-contiguous operands): on lavapipe temperature sampling then parts one of
+    the two generations after a few steps, which is not checked there."""
     with load_engine(llama_nc_gguf, n_threads=2) as engine:
+        first_step: list[list[np.ndarray]] = []  # the first decode's logits, per request
+
+        def keep_first(reqs, stats, logits) -> None:
+            if not first_step:
+                first_step.append(np.split(np.array(logits), np.cumsum([r.rows.size for r in reqs])[:-1]))
+
+        engine.step_check = keep_first
         prompts = [engine.encode("Halt, traveller!"), engine.encode("Good morrow, friend. The king sleeps.")]
         params = [DiffusionParams(gen_length=32, steps=16, seed=s, temperature=0.6, top_k=30) for s in (1, 2)]
-        singles = [_final(engine, p, q).tokens for p, q in zip(prompts, params)]
+        singles, single_logits = [], []
+        for p, q in zip(prompts, params):
+            first_step.clear()
+            singles.append(_final(engine, p, q).tokens)
+            single_logits.append(first_step[0][0])
+        first_step.clear()
         batched: dict[int, np.ndarray] = {}
         for i, event in engine.generate_batch(prompts, params):
             if isinstance(event, FinalEvent):
                 batched[i] = event.tokens
                 assert event.stats.sampler_on == "backend"
+        assert len(first_step[0]) == 2  # both sequences in the first decode
         for i in range(2):
-            np.testing.assert_array_equal(batched[i], singles[i])
+            scale = float(np.abs(single_logits[i]).max())
+            np.testing.assert_allclose(first_step[0][i], single_logits[i], rtol=0, atol=1e-3 * scale)
+            if offload_backend() == "CPU":
+                np.testing.assert_array_equal(batched[i], singles[i])
 
 
 def _without_self_conditioning(engine: DiffusionEngine) -> None:

@@ -21,6 +21,7 @@ from dgchat.model_backend.llamacpp import engine_info  # noqa: E402
 from dgchat.model_backend.requests import CanvasTemplate  # noqa: E402
 from dgchat.model_backend.params import DiffusionParams  # noqa: E402
 from fixtures.dg_cache import checkpoint, converted  # noqa: E402
+from fixtures.device import skip_if_lavapipe_crashed  # noqa: E402
 
 EXACT = engine_info().exact_diffusion_gemma
 
@@ -145,12 +146,14 @@ def test_diffusion_gemma_cli_and_ar(dg_files) -> None:
 
     res = subprocess.run([sys.executable, "-m", "dgchat", "generate", "-m", str(dg_files["sw64"]), "-p", "hello",
                           "--max-tokens", "16", "--json"], capture_output=True, text=True, timeout=300)
+    skip_if_lavapipe_crashed(res.returncode)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["architecture"] == "gemma4" and out["stats"]["steps"] > 0
     assert out["engine"].startswith("DiffusionGemma, exact") == EXACT
     res = subprocess.run([sys.executable, "-m", "dgchat", "generate", "-m", str(dg_files["sw64"]), "-p", "hello",
                           "--max-tokens", "10", "--ar", "--json"], capture_output=True, text=True, timeout=300)
+    skip_if_lavapipe_crashed(res.returncode)
     assert res.returncode == 0, res.stderr
     ar = json.loads(res.stdout)
     assert ar["stats"]["steps"] == len(ar["tokens"]) + (1 if ar["stop_reason"] == "eos" else 0)

@@ -1,0 +1,93 @@
+"""pytest over the device-path tests, surviving one named upstream crash.
+
+On lavapipe from Mesa before 25 (Debian 12's 22.3), a process that runs gemma4 graphs with every layer
+on the device dies now and then of SIGSEGV inside lavapipe's queue thread (tests/fixtures/device.py has
+the reproduction). A crash takes pytest down with every test after it, so this runs pytest -v, and
+when pytest dies of SIGSEGV on such a Mesa, reports the test that was running as skipped with that
+cause and runs the remaining ones in a new process (-vv: every skip prints its reason as it happens, since a
+crashed process never prints its summary). Any other crash, failure or error fails the run.
+
+    python tests/bench/device_pytest.py TEST_ID_OR_FILE... [-- PYTEST_ARGS...]
+
+Used by tests/bench/vulkan_check.sh. Prints pytest's output and one summary line per outcome; exit
+status 0 when nothing failed.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from fixtures.device import LAVAPIPE_CRASH, lavapipe_mesa_version  # noqa: E402
+
+RESULT = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+SIGSEGV = (-11, 139)
+
+
+def collect(targets: list[str], extra: list[str]) -> list[str]:
+    res = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                          *targets, *extra], capture_output=True, text=True, cwd=ROOT)
+    ids = [line.strip() for line in res.stdout.splitlines() if "::" in line and not line.startswith(" ")]
+    if res.returncode not in (0, 5) or not ids:
+        sys.stdout.write(res.stdout + res.stderr)
+    return ids
+
+
+def run(ids: list[str], extra: list[str]) -> tuple[int, dict[str, str]]:
+    """One pytest process over `ids`: its exit status and the outcome of each test it finished."""
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-vv", "-rfEs",
+                             *extra, *ids], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    outcomes: dict[str, str] = {}
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        if (m := RESULT.match(line)) is not None:
+            outcomes[m[1]] = m[2]
+    return proc.wait(), outcomes
+
+
+def main(argv: list[str]) -> int:
+    targets, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    remaining = collect(targets, extra)
+    if not remaining:
+        print("device_pytest: nothing collected")
+        return 1
+    outcomes: dict[str, str] = {}
+    crashed: list[str] = []
+    failed_run = False
+    while remaining:
+        rc, done = run(remaining, extra)
+        outcomes.update(done)
+        if rc not in SIGSEGV:
+            failed_run = rc not in (0, 5)
+            break
+        victim = next((t for t in remaining if t not in done), None)
+        mesa = lavapipe_mesa_version()
+        if victim is None or mesa is None or mesa >= (25, 0):
+            print(f"device_pytest: pytest died of SIGSEGV (not the named lavapipe crash) after {len(done)} tests")
+            failed_run = True
+            break
+        reason = LAVAPIPE_CRASH.format(v=".".join(map(str, mesa)))
+        print(f"device_pytest: {victim} SKIPPED: the process died: {reason}")
+        outcomes[victim] = "SKIPPED"
+        crashed.append(victim)
+        remaining = remaining[remaining.index(victim) + 1:]
+    counts: dict[str, int] = {}
+    for outcome in outcomes.values():
+        counts[outcome] = counts.get(outcome, 0) + 1
+    print("device_pytest: " + ", ".join(f"{n} {k.lower()}" for k, n in sorted(counts.items()))
+          + (f" ({len(crashed)} of the skipped: lavapipe crash)" if crashed else ""))
+    for t in crashed:
+        print(f"SKIPPED {t} - lavapipe (Mesa < 25) crashed the process")
+    bad = [t for t, o in outcomes.items() if o in ("FAILED", "ERROR")]
+    return 1 if bad or failed_run else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -7,7 +7,7 @@ when pytest dies of SIGSEGV on such a Mesa, reports the test that was running as
 cause and runs the remaining ones in a new process (-vv: every skip prints its reason as it happens, since a
 crashed process never prints its summary). Any other crash, failure or error fails the run.
 
-    python tests/bench/device_pytest.py TEST_ID_OR_FILE... [-- PYTEST_ARGS...]
+    python tests/bench/device_pytest.py TEST_ID_OR_FILE... [-- PYTEST_ARGS...]   # from the repository root
 
 Used by tests/bench/vulkan_check.sh. Prints pytest's output and one summary line per outcome; exit
 status 0 when nothing failed.
@@ -15,6 +15,7 @@ status 0 when nothing failed.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -25,13 +26,14 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from fixtures.device import LAVAPIPE_CRASH, lavapipe_mesa_version  # noqa: E402
 
-RESULT = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+# pytest -vv: "ID PASSED [ 42%]", "ID SKIPPED (reason) ..." (a long reason is cut to the terminal width)
+RESULT = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)")
 SIGSEGV = (-11, 139)
 
 
 def collect(targets: list[str], extra: list[str]) -> list[str]:
     res = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                          *targets, *extra], capture_output=True, text=True, cwd=ROOT)
+                          *targets, *extra], capture_output=True, text=True)
     ids = [line.strip() for line in res.stdout.splitlines() if "::" in line and not line.startswith(" ")]
     if res.returncode not in (0, 5) or not ids:
         sys.stdout.write(res.stdout + res.stderr)
@@ -41,7 +43,8 @@ def collect(targets: list[str], extra: list[str]) -> list[str]:
 def run(ids: list[str], extra: list[str]) -> tuple[int, dict[str, str]]:
     """One pytest process over `ids`: its exit status and the outcome of each test it finished."""
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-vv", "-rfEs",
-                             *extra, *ids], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+                             *extra, *ids], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "COLUMNS": "300"})  # skip reasons whole
     outcomes: dict[str, str] = {}
     assert proc.stdout is not None
     for line in proc.stdout:

@@ -240,3 +240,19 @@ def test_slim_source_builds_and_loads_on_the_cpu(slim_tree: Path, tmp_path: Path
     res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == [build.LOCAL_VERSION, str(build.PATCH_LEVEL)]
+
+
+def test_device_pytest_reports_an_unnamed_crash_as_a_failure(tmp_path: Path) -> None:
+    """tests/bench/device_pytest.py: a SIGSEGV that is not lavapipe's named crash (no Vulkan device
+    here) fails the run after the tests before it ran; finished tests are read from pytest -vv."""
+    (tmp_path / "test_crash.py").write_text(
+        "import os, signal\n"
+        "def test_first():\n    pass\n"
+        "def test_dies():\n    os.kill(os.getpid(), signal.SIGSEGV)\n"
+        "def test_after():\n    pass\n")
+    res = subprocess.run([sys.executable, str(ROOT / "tests" / "bench" / "device_pytest.py"), "test_crash.py"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "DGCHAT_TEST_GPU_LAYERS": "0"})
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "test_first PASSED" in res.stdout
+    assert "not the named lavapipe crash" in res.stdout and "test_after PASSED" not in res.stdout

@@ -1,11 +1,11 @@
 """pytest over the device-path tests, surviving one named upstream crash.
 
 On lavapipe from Mesa before 25 (Debian 12's 22.3), a process that runs gemma4 graphs with every layer
-on the device dies now and then of SIGSEGV inside lavapipe's queue thread (tests/fixtures/device.py has
-the reproduction). A crash takes pytest down with every test after it, so this runs pytest -v, and
-when pytest dies of SIGSEGV on such a Mesa, reports the test that was running as skipped with that
-cause and runs the remaining ones in a new process (-vv: every skip prints its reason as it happens, since a
-crashed process never prints its summary). Any other crash, failure or error fails the run.
+on the device dies of SIGSEGV inside lavapipe's queue thread (tests/fixtures/device.py has the details
+and a reproduction). A crash takes pytest down with every test after it, so this runs pytest -vv
+(every skip prints its reason as it happens: a crashed process never prints its summary), and when
+pytest dies of SIGSEGV on such a Mesa, reports the test that was running as skipped with that cause
+and runs the remaining ones in a new process. Any other crash, failure or error fails the run.
 
     python tests/bench/device_pytest.py TEST_ID_OR_FILE... [-- PYTEST_ARGS...]   # from the repository root
 
@@ -24,11 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from fixtures.device import LAVAPIPE_CRASH, lavapipe_mesa_version  # noqa: E402
+from fixtures.device import SIGSEGV_EXITS, lavapipe_crash_reason  # noqa: E402
 
 # pytest -vv: "ID PASSED [ 42%]", "ID SKIPPED (reason) ..." (a long reason is cut to the terminal width)
 RESULT = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)")
-SIGSEGV = (-11, 139)
 
 
 def collect(targets: list[str], extra: list[str]) -> list[str]:
@@ -67,16 +66,15 @@ def main(argv: list[str]) -> int:
     while remaining:
         rc, done = run(remaining, extra)
         outcomes.update(done)
-        if rc not in SIGSEGV:
+        if rc not in SIGSEGV_EXITS:
             failed_run = rc not in (0, 5)
             break
         victim = next((t for t in remaining if t not in done), None)
-        mesa = lavapipe_mesa_version()
-        if victim is None or mesa is None or mesa >= (25, 0):
+        reason = lavapipe_crash_reason(rc)
+        if victim is None or reason is None:
             print(f"device_pytest: pytest died of SIGSEGV (not the named lavapipe crash) after {len(done)} tests")
             failed_run = True
             break
-        reason = LAVAPIPE_CRASH.format(v=".".join(map(str, mesa)))
         print(f"device_pytest: {victim} SKIPPED: the process died: {reason}")
         outcomes[victim] = "SKIPPED"
         crashed.append(victim)
@@ -86,8 +84,6 @@ def main(argv: list[str]) -> int:
         counts[outcome] = counts.get(outcome, 0) + 1
     print("device_pytest: " + ", ".join(f"{n} {k.lower()}" for k, n in sorted(counts.items()))
           + (f" ({len(crashed)} of the skipped: lavapipe crash)" if crashed else ""))
-    for t in crashed:
-        print(f"SKIPPED {t} - lavapipe (Mesa < 25) crashed the process")
     bad = [t for t, o in outcomes.items() if o in ("FAILED", "ERROR")]
     return 1 if bad or failed_run else 0
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -31,15 +30,13 @@ from dgchat.model_backend.errors import InvalidParameterError
 from dgchat.model_backend.events import FinalEvent
 from dgchat.model_backend.params import DiffusionParams
 from fixtures.backend_oracle import DgStepOracle, OracleReport, compare_stats
-from fixtures.device import offload_backend
+from fixtures.device import GPU_LAYERS, offload_backend  # the check scripts set every layer on the device
 from fixtures.wide_vocab import write_wide_vocab_gguf
 
 pytestmark = pytest.mark.skipif(not L.engine_info().backend_sampler,
                                 reason="needs dgchat's engine with the diffusion head (patch level 3)")
 
 BUNDLED = Path(__file__).resolve().parents[2] / "assets" / "dgchat-tiny-plays.gguf"
-# tests/bench/gpu_check.sh runs these with every layer on the GPU
-GPU_LAYERS = int(os.environ.get("DGCHAT_TEST_GPU_LAYERS", "0"))
 PROMPT = "Good evening. Have you a bed for the night?"
 
 

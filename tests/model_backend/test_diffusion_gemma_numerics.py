@@ -40,9 +40,10 @@ EXACT = 3e-4
 #   3.0e-2, argmax 87.5 - 100 %; with GGML_VK_DISABLE_F16=1 (f32 tiles, attention copies still f16)
 #   7.5e-3. The same rounding on the CPU - f16 KV cache without flash attention, which rounds K, V
 #   and Q to f16 - gives 7.6e-3 - 1.6e-2 on these cases, argmax >= 87.5 %. Allowed: 2x the largest.
-# CUDA and other GPU backends (not yet run): ggml-cuda's cuBLAS handles use TF32 tensor-op math for f32 x f32 (ggml-cuda/common.cuh,
-#   cublasSetMathMode CUBLAS_TF32_TENSOR_OP_MATH): operands with f16's 10-bit mantissa, the same class
-#   of rounding, so the same bound until the first GPU day measures it (the assertion prints it).
+# CUDA and other GPU backends (not yet run): ggml-cuda's cuBLAS handles use TF32 tensor-op math for
+#   f32 x f32 (ggml-cuda/common.cuh, cublasSetMathMode CUBLAS_TF32_TENSOR_OP_MATH): operands with f16's
+#   10-bit mantissa, the same class of rounding, so the same bound until the first GPU day measures it
+#   (the assertion prints it).
 F16_OPERANDS = 6e-2
 F16_OPERANDS_ARGMAX = 0.75
 TOLERANCE, ARGMAX_AGREE = (EXACT, 1.0) if offload_backend() == "CPU" else (F16_OPERANDS, F16_OPERANDS_ARGMAX)

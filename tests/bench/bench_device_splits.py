@@ -48,6 +48,7 @@ class GraphLog:
         self.graphs: list[dict] = []
         self._current: dict | None = None
         self._partial = ""
+        self.weights_off_device: list[str] = []  # llama.cpp's "cannot be used with preferred buffer type" lines
 
     def __call__(self, chunk: str) -> None:  # llama.cpp logs in pieces: whole lines here
         *lines, self._partial = (self._partial + chunk).split("\n")
@@ -55,6 +56,9 @@ class GraphLog:
             self._line(line.strip())
 
     def _line(self, line: str) -> None:
+        if "cannot be used with preferred buffer type" in line:
+            self.weights_off_device.append(line.split(": ", 1)[-1])
+            return
         m = SPLIT_RE.match(line)
         if m:
             if m.group(1) == "0":
@@ -109,6 +113,11 @@ def main() -> int:
     per_graph_cpu = {k: v / len(run) for k, v in cpu.items()}
     print(f"model {args.model.name}: {steps} denoising steps, {len(run)} graphs computed")
     print(f"splits per graph: min {min(splits)}, median {int(np.median(splits))}, max {max(splits)}")
+    # a weight the device refused at load time (llama.cpp tries each weight's op with 512 rows first:
+    # a Vulkan driver whose maxStorageBufferRange is under 512 x n_vocab x 4 bytes keeps the output
+    # projection on the CPU) takes its op to the CPU in every graph
+    for line in log.weights_off_device:
+        print(f"weights kept off the device: {line}")
     last = run[-1]
     print("last graph: " + ", ".join(f"{b} {n} nodes" for b, n in sorted(last["nodes"].items())))
     print("  splits: " + " | ".join(f"{b}({n} in)" for b, n in last["splits"]))
@@ -121,6 +130,7 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps({"model": str(args.model), "steps": steps, "graphs": len(run),
                                          "splits": splits, "cpu_nodes_per_graph": per_graph_cpu,
+                                         "weights_off_device": log.weights_off_device,
                                          "devices": [d.name for d in gpus]}, indent=2))
     return 0
 

@@ -20,7 +20,7 @@
 #   CUDA_ARCH [90]  CUDA_FA [ON: flash-attention kernels; OFF compiles ~40 fewer CUDA files]
 #   BUDGET_S [565]  wall-clock budget of the whole script; keep it under the run's timeout_s
 #   T_BUILD [330] T_SANITY [60] T_TESTS [200] T_MAKE [330] T_BENCH [240] T_SPLITS [60]  caps per stage (s)
-#   STAGES ["sanity tests bench splits"]  (build always runs)   GPU_CHECK_DIR [.gpu_check]
+#   STAGES ["sanity tests bench splits"]  run in the order given (build always runs first)   GPU_CHECK_DIR [.gpu_check]
 #   TESTS ["tests/model_backend/test_diffusion_gemma_numerics.py tests/model_backend/test_diffusion_gemma_sampler.py tests/model_backend/test_backend_sampler.py"]  PYTEST_ARGS []
 #   BENCH_MODEL [/tmp/gpu_check/dg-fullshape-L30-q4_0.gguf] BENCH_LAYERS [30] BENCH_QTYPE [q4_0]
 #   MAKE_ARGS [] (extra make_fullshape_dg.py flags)   BENCH_STEPS [16,24,32,48]  BENCH_ARGS []
@@ -205,47 +205,53 @@ fi
 export LLAMA_CPP_LIB_PATH=$BUILD/bin
 export LD_LIBRARY_PATH="$BUILD/bin${LIBDIRS:+:$LIBDIRS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
-# -- (a) sanity, (b) equivalence tests on the GPU, (c) full-shape bench --------------------------------
-if (( BUILD_RC != 0 )); then
-    for s in sanity tests bench splits; do want $s && skip $s "no engine (build ${STATUS[build]})"; done
-else
-    if want sanity; then
-        { nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1 || true; } > "$OUT/sanity.log"
-        run_stage sanity "$T_SANITY" "$OUT/sanity.log" "$PY" tests/bench/gpu_check_sanity.py \
-            --expect-patch-level "$PATCH_LEVEL"
-    fi
-    if want tests; then
+# -- the stages after the build, in the order STAGES names them --------------------------------------
+wait_writer() {  # the full-shape GGUF writer, if it is still running (its own timeout ends it)
+    [[ -z "$MAKE_PID" ]] && return
+    log "waiting for the GGUF writer"
+    wait "$MAKE_PID"; local rc=$?
+    MAKE_PID=
+    record make "$rc" $(( $(date +%s) - MAKE_START ))
+    (( rc == 0 )) && touch "$BENCH_MODEL.done"
+    tail -n 3 "$OUT/make.log" 2>/dev/null
+}
+stage_sanity() {
+    { nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1 || true; } >> "$OUT/sanity.log"
+    run_stage sanity "$T_SANITY" "$OUT/sanity.log" "$PY" tests/bench/gpu_check_sanity.py \
+        --expect-patch-level "$PATCH_LEVEL"
+}
+stage_tests() {  # (b) the equivalence tests with every layer on the GPU
+    # shellcheck disable=SC2086
+    run_stage tests "$T_TESTS" "$OUT/tests.log" "$PY" -m pytest -p no:cacheprovider \
+        -q -rfEs --durations=8 --junitxml="$OUT/junit.xml" $TESTS $PYTEST_ARGS
+}
+stage_bench() {  # (c) the full-shape bench
+    wait_writer
+    if [[ -f "$BENCH_MODEL.done" ]]; then
         # shellcheck disable=SC2086
-        run_stage tests "$T_TESTS" "$OUT/tests.log" "$PY" -m pytest -p no:cacheprovider \
-            -q -rfEs --durations=8 --junitxml="$OUT/junit.xml" $TESTS $PYTEST_ARGS
+        run_stage bench "$T_BENCH" "$OUT/bench.log" "$PY" tests/bench/bench_dg_fullshape.py --model "$BENCH_MODEL" \
+            --steps "$BENCH_STEPS" --json "$OUT/bench.json" $BENCH_ARGS
+    else
+        skip bench "no full-shape GGUF (writer ${STATUS[make]:-not run}; see make.log)"
     fi
-    if want bench; then
-        if [[ -n "$MAKE_PID" ]]; then
-            log "waiting for the GGUF writer (its own timeout ends it)"
-            wait "$MAKE_PID"; rc=$?
-            MAKE_PID=
-            record make "$rc" $(( $(date +%s) - MAKE_START ))
-            (( rc == 0 )) && touch "$BENCH_MODEL.done"
-            tail -n 3 "$OUT/make.log" 2>/dev/null
-        fi
-        if [[ -f "$BENCH_MODEL.done" ]]; then
-            # shellcheck disable=SC2086
-            run_stage bench "$T_BENCH" "$OUT/bench.log" "$PY" tests/bench/bench_dg_fullshape.py --model "$BENCH_MODEL" \
-                --steps "$BENCH_STEPS" --json "$OUT/bench.json" $BENCH_ARGS
-        else
-            skip bench "no full-shape GGUF (writer ${STATUS[make]:-not run}; see make.log)"
-        fi
-    fi
-    if want splits; then
-        # graph splits per denoising step with every layer on the GPU (ops ggml-cuda leaves to the CPU),
-        # on the full-shape file (262k vocabulary) when it was written, else the bundled model; appended
-        # to bench.log (the device tool brings back 8 files)
-        SPLITS_MODEL=assets/dgchat-tiny-plays.gguf
-        [[ -f "$BENCH_MODEL.done" ]] && SPLITS_MODEL=$BENCH_MODEL
-        run_stage splits "$T_SPLITS" "$OUT/bench.log" "$PY" tests/bench/bench_device_splits.py \
-            --model "$SPLITS_MODEL" --steps 2
-    fi
-fi
+}
+stage_splits() {
+    # graph splits per denoising step with every layer on the GPU (ops ggml-cuda leaves to the CPU),
+    # on the full-shape file (262k vocabulary) when it was written, else the bundled model; appended
+    # to bench.log (the device tool brings back 8 files)
+    want bench && wait_writer
+    local model=assets/dgchat-tiny-plays.gguf
+    [[ -f "$BENCH_MODEL.done" ]] && model=$BENCH_MODEL
+    run_stage splits "$T_SPLITS" "$OUT/bench.log" "$PY" tests/bench/bench_device_splits.py \
+        --model "$model" --steps 2
+}
+for s in $STAGES; do
+    case $s in
+        sanity|tests|bench|splits)
+            if (( BUILD_RC != 0 )); then skip "$s" "no engine (build ${STATUS[build]})"; else "stage_$s"; fi ;;
+        *) log "unknown stage '$s' (STAGES: sanity tests bench splits, in any order)" ;;
+    esac
+done
 if [[ -n "$MAKE_PID" ]] && kill -0 "$MAKE_PID" 2>/dev/null; then kill -TERM "$MAKE_PID" 2>/dev/null; wait "$MAKE_PID"; fi
 
 # -- summary -----------------------------------------------------------------------------------------
@@ -268,7 +274,7 @@ if [[ -n "$MAKE_PID" ]] && kill -0 "$MAKE_PID" 2>/dev/null; then kill -TERM "$MA
     fi
     if [[ -f "$OUT/bench.log" ]]; then
         echo "-- bench"; grep -E "^engine |^dg-" "$OUT/bench.log"; sed -n '/^configuration/,/^peak RSS/p' "$OUT/bench.log"
-        echo "-- splits"; grep -E "^model |^splits per graph|^last graph|^  splits|^nodes on the CPU|^  +[0-9.]+  |^no node on" "$OUT/bench.log"
+        echo "-- splits"; grep -E "^model |^splits per graph|^last graph|^  splits|^nodes on the CPU|^  +[0-9.]+  |^no node on|^weights kept" "$OUT/bench.log"
     fi
 } > "$OUT/summary.txt" 2>&1
 cat "$OUT/summary.txt"

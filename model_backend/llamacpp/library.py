@@ -27,6 +27,29 @@ from dgchat.model_backend.errors import EngineError
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "2000")
 
+
+def _promote_libstdcxx() -> None:
+    """Put the C++ runtime into the process's global symbol scope before llama.cpp loads.
+
+    nvcc-compiled code defines its own weak copies of standard-library templates that libstdc++
+    already instantiates (std::ostream::_M_insert<long>, the locale facet ids it uses). A C++
+    program has libstdc++ in its global scope, so those copies never win; Python does not, and
+    ctypes loads libllama with RTLD_LOCAL, so its references go to the first library in its own
+    search list that defines them: libggml-cuda, linked ahead of libstdc++. Seen on an H200
+    (CUDA 13.0, the patched engine): every model load of a process that had imported numpy
+    first died in llama_model::print_info, inside libggml-cuda's copy of _M_insert<long>
+    calling a facet looked up with its own, unregistered num_put id (a codecvt's vtable slot).
+    With libstdc++ global, every library binds the one copy. Harmless without a GPU build."""
+    if not sys.platform.startswith("linux"):
+        return  # Mach-O two-level namespaces and PE imports bind per library
+    try:  # the soname every libstdc++ since GCC 3.4 has; an already loaded copy is promoted, not reloaded
+        ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        pass  # a static or missing libstdc++: then nothing can bind to a second copy either
+
+
+_promote_libstdcxx()
+
 try:
     import llama_cpp as _llama
 except (ImportError, OSError) as exc:  # a missing or broken shared library

@@ -183,3 +183,22 @@ def test_a_q8_0_model_decodes_on_this_cpu() -> None:
                           "--seed", "1", "--max-tokens", "8"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
     assert run.stdout.strip()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF symbol scopes")
+def test_engine_library_binds_the_one_cpp_runtime() -> None:
+    """After the engine library loads, libstdc++ is in the process's global scope, so no llama.cpp
+    library can bind a second copy of a standard-library template (a CUDA build's libggml-cuda has
+    them, linked ahead of libstdc++: on an H200 every model load after `import numpy` segfaulted).
+    Checked in a fresh interpreter that imports numpy first, as the app and the tests do."""
+    code = (
+        "import ctypes, numpy\n"
+        "sym = '_ZNSo9_M_insertIlEERSoT_'  # std::ostream::_M_insert<long>\n"
+        "before = hasattr(ctypes.CDLL(None), sym)\n"
+        "import dgchat.model_backend.llamacpp\n"
+        "print(before, hasattr(ctypes.CDLL(None), sym))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, after = out.stdout.split()
+    assert after == "True", f"libstdc++ not in the global scope (before the import: {before})"

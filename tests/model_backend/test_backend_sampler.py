@@ -30,7 +30,7 @@ from dgchat.model_backend.errors import InvalidParameterError
 from dgchat.model_backend.events import FinalEvent
 from dgchat.model_backend.params import DiffusionParams
 from fixtures.backend_oracle import DgStepOracle, OracleReport, compare_stats
-from fixtures.device import GPU_LAYERS, offload_backend  # the check scripts set every layer on the device
+from fixtures.device import GPU_LAYERS, input_paths_tolerance, offload_backend, tie_share  # the check scripts set every layer on the device
 from fixtures.wide_vocab import write_wide_vocab_gguf
 
 pytestmark = pytest.mark.skipif(not L.engine_info().backend_sampler,
@@ -259,7 +259,24 @@ def _without_self_conditioning(engine: DiffusionEngine) -> None:
     engine.selfcond = dataclasses.replace(sc, down=np.zeros_like(sc.down))  # the MLP's output is 0
 
 
-def test_dg_without_self_conditioning_same_tokens_on_both_paths(bundled, dg_tiny) -> None:
+def test_dg_without_self_conditioning_same_tokens_on_both_paths(bundled, dg_tiny, monkeypatch) -> None:
+    """Without self-conditioning both paths sample the same model's logits. On the CPU backend those
+    logits are the same bit for bit, so the generations are the same tokens. A GPU backend rounds the
+    products' operands (fixtures/device.py, input_paths_tolerance): a draw later flips and the
+    generations part (lavapipe: seed 1 parts 13 of 64 tokens), so there every backend step is checked
+    against the host sampler on its own logits instead, and the first step's logits of the two paths
+    must agree to the rounding."""
+    host_first: list[np.ndarray] = []
+    decode_embeddings = L.LlamaContext.decode_embeddings
+
+    def keep_first(self, *args, **kwargs):
+        out = decode_embeddings(self, *args, **kwargs)
+        if not host_first:
+            host_first.append(np.array(out, dtype=np.float32, copy=True))
+        return out
+
+    monkeypatch.setattr(L.LlamaContext, "decode_embeddings", keep_first)
+    on_cpu = offload_backend() == "CPU"
     for engine, seeds in ((bundled, range(6)), (dg_tiny, range(3))):
         saved = engine.selfcond
         _without_self_conditioning(engine)
@@ -267,10 +284,28 @@ def test_dg_without_self_conditioning_same_tokens_on_both_paths(bundled, dg_tiny
             prompt = engine.chat_prompt([{"role": "user", "content": PROMPT}])
             for seed in seeds:
                 params = dict(seed=seed, max_tokens=64, logit_bias=((9, 1.5),), pad_bias=-1.0 if seed % 2 else 0.0)
+                host_first.clear()
                 host = _final(engine, prompt, DiffusionParams(sampler_on="host", **params))
-                backend = _final(engine, prompt, DiffusionParams(sampler_on="backend", **params))
-                np.testing.assert_array_equal(backend.tokens, host.tokens, err_msg=f"seed {seed}")
-                assert backend.stats.steps == host.stats.steps
+                oracle = DgStepOracle(engine, check_inputs=0)
+                backend_first: list[np.ndarray] = []
+
+                def check(source, items, stats, logits, oracle=oracle, backend_first=backend_first) -> None:
+                    if not backend_first:
+                        backend_first.append(np.array(logits, dtype=np.float32, copy=True))
+                    oracle(source, items, stats, logits)
+
+                engine.step_check = None if on_cpu else check
+                try:
+                    backend = _final(engine, prompt, DiffusionParams(sampler_on="backend", **params))
+                finally:
+                    engine.step_check = None
+                if on_cpu:
+                    np.testing.assert_array_equal(backend.tokens, host.tokens, err_msg=f"seed {seed}")
+                    assert backend.stats.steps == host.stats.steps
+                else:
+                    assert oracle.report.steps == backend.stats.steps
+                    bound = input_paths_tolerance(float(np.abs(host_first[0]).max()))
+                    np.testing.assert_allclose(backend_first[0], host_first[0], rtol=0, atol=bound, err_msg=f"seed {seed}")
         finally:
             engine.selfcond = saved
 
@@ -305,7 +340,7 @@ def test_dg_every_backend_step_is_the_numpy_step(bundled, dg_tiny, seed, temps) 
         assert report.steps == final.stats.steps and report.rows >= final.stats.steps * 8
         if GPU_LAYERS == 0:  # on the CPU the graph's decoder input is numpy's, bit for bit
             assert report.max_input_logit_err == 0.0
-        assert report.ties <= max(2, report.rows // 500)
+        assert report.ties <= max(2, report.rows * tie_share())
 
 
 def test_dg_batch_every_step_checked(bundled) -> None:

@@ -30,7 +30,8 @@ from dgchat.model_backend.errors import InvalidParameterError
 from dgchat.model_backend.events import FinalEvent
 from dgchat.model_backend.params import DiffusionParams
 from fixtures.backend_oracle import DgStepOracle, OracleReport, compare_stats
-from fixtures.device import GPU_LAYERS, input_paths_tolerance, offload_backend, tie_share  # the check scripts set every layer on the device
+# the check scripts set every layer on the device
+from fixtures.device import GPU_LAYERS, input_paths_tolerance, offload_backend, tie_share
 from fixtures.wide_vocab import write_wide_vocab_gguf
 
 pytestmark = pytest.mark.skipif(not L.engine_info().backend_sampler,
@@ -305,7 +306,8 @@ def test_dg_without_self_conditioning_same_tokens_on_both_paths(bundled, dg_tiny
                 else:
                     assert oracle.report.steps == backend.stats.steps
                     bound = input_paths_tolerance(float(np.abs(host_first[0]).max()))
-                    np.testing.assert_allclose(backend_first[0], host_first[0], rtol=0, atol=bound, err_msg=f"seed {seed}")
+                    np.testing.assert_allclose(backend_first[0], host_first[0], rtol=0, atol=bound,
+                                               err_msg=f"seed {seed}")
         finally:
             engine.selfcond = saved
 

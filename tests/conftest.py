@@ -133,6 +133,11 @@ def server(engine: DiffusionEngine) -> Iterator[ServerThread]:
 def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests never read or write the real user's config, data or model cache."""
     home = tmp_path_factory.mktemp("home")
+    # Mesa keeps its compiled shaders under XDG_CACHE_HOME: an empty one makes every `dgchat`
+    # subprocess on a Vulkan device recompile all of ggml-vulkan's pipelines (lavapipe, 2 cores: over
+    # 300 s for a 16-token generation that takes 4 s with the cache). Shaders are not user data.
+    monkeypatch.setenv("MESA_SHADER_CACHE_DIR", os.environ.get("MESA_SHADER_CACHE_DIR")
+                       or os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "config"))
     monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / "cache"))

@@ -31,15 +31,15 @@ if "OMP_WAIT_POLICY" not in os.environ:
 def _promote_libstdcxx() -> None:
     """Put the C++ runtime into the process's global symbol scope before llama.cpp loads.
 
-    nvcc-compiled code defines its own weak copies of standard-library templates that libstdc++
-    already instantiates (std::ostream::_M_insert<long>, the locale facet ids it uses). A C++
-    program has libstdc++ in its global scope, so those copies never win; Python does not, and
-    ctypes loads libllama with RTLD_LOCAL, so its references go to the first library in its own
-    search list that defines them: libggml-cuda, linked ahead of libstdc++. Seen on an H200
-    (CUDA 13.0, the patched engine): every model load of a process that had imported numpy
-    first died in llama_model::print_info, inside libggml-cuda's copy of _M_insert<long>
-    calling a facet looked up with its own, unregistered num_put id (a codecvt's vtable slot).
-    With libstdc++ global, every library binds the one copy. Harmless without a GPU build."""
+    A C++ program has libstdc++ in its global scope, so every library binds libstdc++'s own
+    definitions; Python does not, and ctypes loads libllama with RTLD_LOCAL, so its references go to
+    the first library in its own search list that defines them. Seen on an H200 (CUDA 13.0, GCC 13
+    host compiler, the patched engine): that build's libggml-cuda carried copies of libstdc++ code,
+    and every model load of a process that had imported numpy first died in
+    llama_model::print_info, running libggml-cuda's copy of std::ostream::_M_insert<long> into
+    codecvt<char16_t>::do_unshift; with dgchat's engine imported first the same load passed. Why
+    that build has the copies was not established (a GCC 12 host build here has none). With
+    libstdc++ global, every library binds the one runtime. Harmless without a GPU build."""
     if not sys.platform.startswith("linux"):
         return  # Mach-O two-level namespaces and PE imports bind per library
     try:  # the soname every libstdc++ since GCC 3.4 has; an already loaded copy is promoted, not reloaded

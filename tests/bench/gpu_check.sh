@@ -223,8 +223,8 @@ stage_sanity() {
         --expect-patch-level "$PATCH_LEVEL"
     local dbg exe
     dbg=$(command -v gdb || command -v cuda-gdb || true)
-    exe=$("$PY" -c 'import sys; print(sys.executable)' 2>/dev/null)  # not a wrapper script (pyenv shims)
     if [[ ${STATUS[sanity]} == "FAILED (rc 139)" && -n $dbg ]]; then
+        exe=$("$PY" -c 'import sys; print(sys.executable)' 2>/dev/null)  # not a wrapper script (pyenv shims)
         # the native stack of a segfault, once: a Python traceback stops at the ctypes call
         log "sanity segfaulted: its backtrace under $(basename "$dbg") (into sanity.log)"
         timeout -k 5 "$(cap 60)" "$dbg" -q -batch -ex "set pagination off" -ex run -ex bt -ex "x/3i \$pc" \

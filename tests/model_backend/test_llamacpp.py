@@ -188,8 +188,8 @@ def test_a_q8_0_model_decodes_on_this_cpu() -> None:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF symbol scopes")
 def test_engine_library_binds_the_one_cpp_runtime() -> None:
     """After the engine library loads, libstdc++ is in the process's global scope, so no llama.cpp
-    library can bind a second copy of a standard-library template (a CUDA build's libggml-cuda has
-    them, linked ahead of libstdc++: on an H200 every model load after `import numpy` segfaulted).
+    library can bind another library's copy of libstdc++ code (an H200 CUDA build's libggml-cuda
+    carried some: there every model load after `import numpy` segfaulted).
     Checked in a fresh interpreter that imports numpy first, as the app and the tests do."""
     code = (
         "import ctypes, numpy\n"

@@ -27,7 +27,7 @@ from dgchat.commands.server_args import add_server_args, server_choice
 from dgchat.model_backend.engine_protocol import Engine
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.model_backend.events import FinalEvent, StepEvent
-from dgchat.model_backend.param_resolution import SERVER, explain, resolved_for
+from dgchat.model_backend.param_resolution import FLAG, SERVER, Layer, explain, resolved_for
 from dgchat.paths import atomic_write_text
 from dgchat.recording.asciicast import Pace, asciicast, cast_title, check_target, check_width, summary_line
 from dgchat.recording.frame_text import render_step
@@ -203,6 +203,7 @@ def _run_remote(args: argparse.Namespace, url: str, api_key: str | None) -> int:
     """The same answer from a server (docs/SCALING.md): dgchat serve streams its canvas (--visual
     draws it as a local run does), other servers stream text."""
     params = params_from_args(args)
+    flags = Layer.of(FLAG, params)  # the same flags, parsed once
     recording = Recording.from_args(args)
     prompt_text = _read_prompt(args)
     if args.n_gpu_layers is not None or args.threads is not None or args.precise is not None:
@@ -223,7 +224,7 @@ def _run_remote(args: argparse.Namespace, url: str, api_key: str | None) -> int:
         prompt = _prompt(engine, args, prompt_text)  # --raw is refused there: markers need the tokenizer
         resolved = engine.resolve(params)
         # what no flag set, the server decided (its model's recommended settings, its own defaults)
-        table = explain(resolved, [flag_layer(args)], unknown=SERVER)
+        table = explain(resolved, [flags], unknown=SERVER)
         recorder = recording.recorder(engine) if recording else None
         with ctrl_c_cancels() as cancel:
             final = _drive(engine, prompt, resolved, cancel, visual=visual, recorder=recorder)

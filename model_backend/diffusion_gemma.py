@@ -99,8 +99,8 @@ class DiffusionGemmaEngine(DiffusionEngine):
     @property
     def label(self) -> str:
         if self.exact:
-            return "DiffusionGemma, exact engine"
-        return "DiffusionGemma, APPROXIMATE (stock llama.cpp: install with README's command for the exact engine)"
+            return "DiffusionGemma, patched engine"
+        return "DiffusionGemma, APPROXIMATE (stock llama.cpp: install with README's command for the patched engine)"
 
     def resolve(self, params: DiffusionParams | None = None) -> DiffusionParams:
         params = resolve_params(self.info, params or DiffusionParams()).params  # model_backend/param_resolution

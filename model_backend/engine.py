@@ -22,13 +22,13 @@ from dgchat.model_backend.canvas import Canvas
 from dgchat.model_backend.chat_template import CHATML, render_chat
 from dgchat.model_backend.errors import ContextOverflowError, GenerationCancelled, InvalidParameterError
 from dgchat.model_backend.events import FinalEvent, GenerationStats, StepEvent, StepTiming
-from dgchat.model_backend.gguf_file import GgufHeader, read_gguf_header
+from dgchat.model_backend.gguf_file import GgufHeader
 from dgchat.model_backend.driver import drive, drive_one
 from dgchat.model_backend.logits_source import LlamaLogits
 from dgchat.model_backend.masked_diffusion import masked_denoiser
-from dgchat.model_backend.model_info import ModelInfo, inspect_header
+from dgchat.model_backend.model_info import ModelInfo
 from dgchat.model_backend.param_resolution import resolve_params
-from dgchat.model_backend.params import DiffusionParams, check_threads
+from dgchat.model_backend.params import DiffusionParams
 from dgchat.model_backend.reference_sampler import ReferenceParams, reference_denoise
 from dgchat.model_backend.requests import CanvasTemplate, LogitsRequest, MaskedSetup
 
@@ -63,27 +63,6 @@ class DiffusionEngine:
 
     # -- loading ------------------------------------------------------------------------------
     @classmethod
-    def load(
-        cls,
-        path: str | Path,
-        *,
-        n_gpu_layers: int | None = None,
-        n_threads: int | None = None,
-        progress: Callable[[float], bool] | None = None,
-        precise: bool = False,
-        rpc_servers: str | Sequence[str] | None = None,
-    ) -> DiffusionEngine:
-        """This class on the model at `path`, which must be of its `family` (model_backend.loader's
-        `load_engine` picks the class for a file: load models with that). rpc_servers:
-        "HOST:PORT[,HOST:PORT]" of llama.cpp RPC servers to put layers on (registered for the whole
-        process, as `--rpc` does: model_backend/rpc.py); servers registered before are used too."""
-        check_threads(n_threads, "threads")  # before the model loads (the flags and config are checked earlier)
-        header = read_gguf_header(path)
-        info = inspect_header(header)  # refuse unsupported models before llama.cpp loads anything
-        return cls.open(path, header, info, n_gpu_layers=n_gpu_layers, n_threads=n_threads, progress=progress,
-                        precise=precise, rpc_servers=rpc_servers)
-
-    @classmethod
     def open(
         cls,
         path: str | Path,
@@ -96,8 +75,10 @@ class DiffusionEngine:
         precise: bool = False,
         rpc_servers: str | Sequence[str] | None = None,
     ) -> DiffusionEngine:
-        """`load` of a file whose header the caller has read and inspected (model_info.inspect_header):
-        llama.cpp loads the model now. `n_threads` must have been checked (params.check_threads)."""
+        """This class on the model at `path`, whose header the caller has read and inspected
+        (model_info.inspect_header), and which must be of this class's `family`: model_backend.loader's
+        `load_engine` does both and picks the class, load models with that. llama.cpp loads the model
+        now. `n_threads` must have been checked (params.check_threads)."""
         if info.family != cls.family:
             raise InvalidParameterError(f"{Path(path).name} is a {info.family} model, not one {cls.__name__} runs: "
                                         "load it with dgchat.model_backend.loader.load_engine")

@@ -38,8 +38,10 @@ def load_engine(
     precise: bool = False,
     rpc_servers: str | Sequence[str] | None = None,
 ) -> DiffusionEngine:
-    """Load the model at `path` with its family's engine (arguments: DiffusionEngine.load). An
-    unsupported or broken file is refused from its header, before llama.cpp loads anything."""
+    """Load the model at `path` with its family's engine. An unsupported or broken file is refused
+    from its header, before llama.cpp loads anything. rpc_servers: "HOST:PORT[,HOST:PORT]" of
+    llama.cpp RPC servers to put layers on (registered for the whole process, as `--rpc` does:
+    model_backend/rpc.py); servers registered before are used too."""
     check_threads(n_threads, "threads")  # before the model loads (the flags and config are checked earlier)
     header = read_gguf_header(path)
     info = inspect_header(header)  # refuse unsupported models before llama.cpp loads anything

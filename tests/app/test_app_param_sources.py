@@ -1,5 +1,5 @@
 """The app's `model: info` shows the chat's settings with where each came from (the table
-`dgchat generate --json` prints), and config.toml's [engine] precise loads the exact engine."""
+`dgchat generate --json` prints), and config.toml's [engine] precise loads the engine in exact mode."""
 
 from __future__ import annotations
 

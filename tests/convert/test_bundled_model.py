@@ -1,4 +1,4 @@
-"""The model shipped in assets/ (issue 4): it loads on the exact engine, generates by block
+"""The model shipped in assets/ (issue 4): it loads on the patched engine, generates by block
 diffusion and left to right, is deterministic under a seed, round-trips text, and has learned
 the plays (held-out loss well under the unigram baseline)."""
 
@@ -68,7 +68,7 @@ def test_loads_on_the_exact_engine(engine) -> None:
     assert engine.info.family == "diffusion_gemma"
     final = _run(engine, DiffusionParams(seed=0))
     if engine_info().exact_diffusion_gemma:
-        assert final.engine_label == "DiffusionGemma, exact engine"
+        assert final.engine_label == "DiffusionGemma, patched engine"
 
 
 def test_diffusion_and_ar_generate_words(engine) -> None:

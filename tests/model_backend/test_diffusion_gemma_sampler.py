@@ -115,7 +115,7 @@ def _hf_generate(ckpt: Path, prompt: np.ndarray, initial: np.ndarray, **gen) -> 
 def test_whole_generation_matches_transformers(dg_files, name: str) -> None:
     """Deterministic setting: temperatures near 0 make both samplers take the argmax, and an
     entropy bound no canvas reaches accepts every position, so no random re-noising happens.
-    Both start from the same canvas; the outputs must be the same tokens on the exact engine."""
+    Both start from the same canvas; the outputs must be the same tokens on the patched engine."""
     from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSamplerConfig
 
     with load_engine(dg_files[name], precise=True) as engine:

@@ -17,7 +17,9 @@ from dgchat.model_backend.engine import DiffusionEngine
 from dgchat.model_backend.engine_protocol import Engine
 from dgchat.model_backend.errors import InvalidParameterError
 from dgchat.model_backend.events import FinalEvent
+from dgchat.model_backend.gguf_file import read_gguf_header
 from dgchat.model_backend.loader import load_engine
+from dgchat.model_backend.model_info import inspect_header
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.remote import RemoteEngine
 from dgchat.remote.client import RemoteClient
@@ -92,8 +94,9 @@ def test_the_loader_picks_the_engine_class_from_the_header(llada_gguf: Path,
         _satisfies_protocol(engine)
         extra = engine.model.header.get("dgchat.diffusion.eos_token_ids") or []
         assert all(engine.is_end(t) for t in extra)  # the model's own end ids end an answer too
-    with pytest.raises(InvalidParameterError, match="load_engine"):
-        DiffusionEngine.load(dg, n_threads=1)  # the base class refuses a family it does not run
+    header = read_gguf_header(dg)
+    with pytest.raises(InvalidParameterError, match="load_engine"):  # the base class refuses a family it does not run
+        DiffusionEngine.open(dg, header, inspect_header(header), n_threads=1)
 
 
 def test_the_base_engine_knows_no_subclass() -> None:

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from dgchat.model_backend.engine import DiffusionEngine
+from dgchat.model_backend.loader import load_engine
 from dgchat.server.app import ServeConfig, ServerThread
 
 
 @pytest.fixture(scope="module")
 def url(llada_gguf: Path) -> Iterator[str]:
-    with DiffusionEngine.load(llada_gguf, n_threads=1, precise=True) as engine:
+    with load_engine(llada_gguf, n_threads=1, precise=True) as engine:
         with ServerThread(engine, ServeConfig(port=0, quiet=True)) as st:
             yield st.url
 

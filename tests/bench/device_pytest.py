@@ -6,6 +6,8 @@ and a reproduction). A crash takes pytest down with every test after it, so this
 (every skip prints its reason as it happens: a crashed process never prints its summary), and when
 pytest dies of SIGSEGV on such a Mesa, reports the test that was running as skipped with that cause
 and runs the remaining ones in a new process. Any other crash, failure or error fails the run.
+A failure's traceback is printed when it happens (this module is also loaded into pytest as a plugin,
+`-p device_pytest`): pytest prints them at the end, and a later crash would take them with it.
 
     python tests/bench/device_pytest.py TEST_ID_OR_FILE... [-- PYTEST_ARGS...]   # from the repository root
 
@@ -41,9 +43,10 @@ def collect(targets: list[str], extra: list[str]) -> list[str]:
 
 def run(ids: list[str], extra: list[str]) -> tuple[int, dict[str, str]]:
     """One pytest process over `ids`: its exit status and the outcome of each test it finished."""
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-vv", "-rfEs",
-                             *extra, *ids], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "COLUMNS": "300"})  # skip reasons whole
+    path = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "device_pytest",
+                             "-vv", "-rfEs", *extra, *ids], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "COLUMNS": "300", "PYTHONPATH": path})  # skip reasons whole
     outcomes: dict[str, str] = {}
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -52,6 +55,22 @@ def run(ids: list[str], extra: list[str]) -> tuple[int, dict[str, str]]:
         if (m := RESULT.match(line)) is not None:
             outcomes[m[1]] = m[2]
     return proc.wait(), outcomes
+
+
+_config = None
+
+
+def pytest_configure(config) -> None:  # as the plugin inside pytest
+    global _config
+    _config = config
+
+
+def pytest_runtest_logreport(report) -> None:  # as the plugin inside pytest: a failure's traceback now
+    terminal = _config.pluginmanager.get_plugin("terminalreporter") if _config is not None else None
+    if report.failed and terminal is not None:
+        terminal.write_line("")
+        terminal.write_line(f"device_pytest: {report.nodeid} failed ({report.when}):")
+        terminal.write_line(report.longreprtext, flush=True)
 
 
 def main(argv: list[str]) -> int:

@@ -64,6 +64,7 @@ export DGCHAT_TEST_GPU_LAYERS=${DGCHAT_TEST_GPU_LAYERS:-999}  # tests/fixtures/d
 
 declare -A STATUS SECS
 ORDER=()
+WORKAROUND=
 log() { echo "[gpu_check +$(( $(date +%s) - START ))s] $*"; }
 left() { echo $(( BUDGET_S - ($(date +%s) - START) - RESERVE )); }
 cap() {  # cap WANT: the stage's timeout, never beyond the budget
@@ -231,6 +232,35 @@ stage_sanity() {
             --args "${exe:-$PY}" tests/bench/gpu_check_sanity.py --expect-patch-level "$PATCH_LEVEL" 2>&1 \
             | grep -E "^#[0-9]|signal SIG|^=> " | head -n 24 >> "$OUT/sanity.log"
     fi
+    [[ ${STATUS[sanity]} == "FAILED (rc 139)" ]] && load_order_workaround
+}
+load_order_workaround() {
+    # The first GPU day's crash (README, "First GPU day"): every model load segfaulted in
+    # llama_model::print_info unless llama.cpp's library was loaded before numpy. library.py now
+    # puts libstdc++ into the global scope first; if the sanity stage still segfaults, that was not
+    # enough, and the two process-wide forms are tried in turn. The first that loads stays set for
+    # the stages after it, so they still measure something, and the summary names it ("loads":
+    # the retry reached its verdict, 0 ok or 1 a PROBLEM line, instead of dying).
+    log "sanity segfaulted: trying libstdc++ preloaded (LD_PRELOAD)"
+    LD_PRELOAD="libstdc++.so.6${LD_PRELOAD:+:$LD_PRELOAD}" run_stage sanity+preload "$T_SANITY" \
+        "$OUT/sanity.log" "$PY" tests/bench/gpu_check_sanity.py --expect-patch-level "$PATCH_LEVEL"
+    if (( $? <= 1 )); then
+        export LD_PRELOAD="libstdc++.so.6${LD_PRELOAD:+:$LD_PRELOAD}"
+        WORKAROUND="LD_PRELOAD=libstdc++.so.6 (library.py's RTLD_GLOBAL promotion was not enough)"
+        return
+    fi
+    # llama.cpp's library loaded before numpy, in every Python process (dgchat's CLI runs included):
+    # a sitecustomize on PYTHONPATH that imports llama_cpp (the order that loaded on the H200)
+    mkdir -p "$WORK/engine_first"
+    printf 'import llama_cpp  # gpu_check.sh: llama.cpp before numpy (the load-order crash)\n' \
+        > "$WORK/engine_first/sitecustomize.py"
+    log "sanity segfaulted again: trying llama.cpp loaded before numpy (sitecustomize)"
+    PYTHONPATH="$WORK/engine_first:$PYTHONPATH" run_stage sanity+engine-first "$T_SANITY" \
+        "$OUT/sanity.log" "$PY" tests/bench/gpu_check_sanity.py --expect-patch-level "$PATCH_LEVEL"
+    if (( $? <= 1 )); then
+        export PYTHONPATH="$WORK/engine_first:$PYTHONPATH"
+        WORKAROUND="llama_cpp imported before numpy by a sitecustomize (neither RTLD_GLOBAL nor LD_PRELOAD was enough)"
+    fi
 }
 stage_tests() {  # (b) the equivalence tests with every layer on the GPU
     # shellcheck disable=SC2086
@@ -274,7 +304,8 @@ if [[ -n "$MAKE_PID" ]] && kill -0 "$MAKE_PID" 2>/dev/null; then kill -TERM "$MA
     if git -C "$ROOT" rev-parse --git-dir >/dev/null 2>&1; then
         echo "repo: $(git -C "$ROOT" log -1 --format='%h %s')$( [[ -n $(git -C "$ROOT" status --porcelain 2>/dev/null | head -n 1) ]] && echo ' (+ uncommitted changes)')"
     fi
-    for s in "${ORDER[@]}"; do printf '%-7s %-40s %5ss\n' "$s" "${STATUS[$s]}" "${SECS[$s]}"; done
+    for s in "${ORDER[@]}"; do printf '%-19s %-40s %5ss\n' "$s" "${STATUS[$s]}" "${SECS[$s]}"; done
+    [[ -n $WORKAROUND ]] && echo "load-order workaround in effect for the stages after sanity: $WORKAROUND"
     if [[ -f "$OUT/sanity.log" ]]; then
         echo "-- sanity"; grep -E "^llama-cpp-python|max \|logit|offloaded|PROBLEM|^sanity:|^#[0-9]|signal SIG" "$OUT/sanity.log" | cut -c1-240
     fi

@@ -244,10 +244,12 @@ def test_slim_source_builds_and_loads_on_the_cpu(slim_tree: Path, tmp_path: Path
 
 def test_device_pytest_reports_an_unnamed_crash_as_a_failure(tmp_path: Path) -> None:
     """tests/bench/device_pytest.py: a SIGSEGV that is not lavapipe's named crash (no Vulkan device
-    here) fails the run after the tests before it ran; finished tests are read from pytest -vv."""
+    here) fails the run after the tests before it ran; finished tests are read from pytest -vv, and
+    a failure's traceback is printed when it happens (the crash takes pytest's end summary with it)."""
     (tmp_path / "test_crash.py").write_text(
         "import os, signal\n"
         "def test_first():\n    pass\n"
+        "def test_fails():\n    assert 1 + 1 == 3, 'shown before the crash'\n"
         "def test_dies():\n    os.kill(os.getpid(), signal.SIGSEGV)\n"
         "def test_after():\n    pass\n")
     res = subprocess.run([sys.executable, str(ROOT / "tests" / "bench" / "device_pytest.py"), "test_crash.py"],
@@ -256,3 +258,4 @@ def test_device_pytest_reports_an_unnamed_crash_as_a_failure(tmp_path: Path) -> 
     assert res.returncode == 1, res.stdout + res.stderr
     assert "test_first PASSED" in res.stdout
     assert "not the named lavapipe crash" in res.stdout and "test_after PASSED" not in res.stdout
+    assert "test_crash.py::test_fails failed (call)" in res.stdout and "shown before the crash" in res.stdout

@@ -134,7 +134,7 @@ def test_whole_generation_matches_transformers(dg_files, name: str) -> None:
                           eos_token_id=None)
         if EXACT:
             np.testing.assert_array_equal(final.tokens, hf[: final.tokens.size])
-            assert final.engine_label.startswith("DiffusionGemma, exact")
+            assert final.engine_label.startswith("DiffusionGemma, patched")
         else:  # the stock engine runs, labelled, and differs
             assert "APPROXIMATE" in final.engine_label
 
@@ -150,7 +150,7 @@ def test_diffusion_gemma_cli_and_ar(dg_files) -> None:
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["architecture"] == "gemma4" and out["stats"]["steps"] > 0
-    assert out["engine"].startswith("DiffusionGemma, exact") == EXACT
+    assert out["engine"].startswith("DiffusionGemma, patched") == EXACT
     res = subprocess.run([sys.executable, "-m", "dgchat", "generate", "-m", str(dg_files["sw64"]), "-p", "hello",
                           "--max-tokens", "10", "--ar", "--json"], capture_output=True, text=True, timeout=300)
     skip_if_lavapipe_crashed(res.returncode)

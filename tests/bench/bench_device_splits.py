@@ -119,7 +119,9 @@ def main() -> int:
     for line in log.weights_off_device:
         print(f"weights kept off the device: {line}")
     last = run[-1]
-    print("last graph: " + ", ".join(f"{b} {n} nodes" for b, n in sorted(last["nodes"].items())))
+    # ggml prints a node's backend cut to 5 characters ("Vulka"); the splits carry the whole name
+    whole = {b[:5]: b for b, _ in last["splits"]}
+    print("last graph: " + ", ".join(f"{whole.get(b, b)} {n} nodes" for b, n in sorted(last["nodes"].items())))
     print("  splits: " + " | ".join(f"{b}({n} in)" for b, n in last["splits"]))
     if per_graph_cpu:
         print("nodes on the CPU, per graph (op, name):")

@@ -10,7 +10,8 @@
 # Steps:
 #   packages  apt-get installs what is missing (as root, or with sudo): the Vulkan loader and
 #             headers, glslc (ggml-vulkan's shaders), Mesa's lavapipe, vulkaninfo.
-#             MESA=backports takes Mesa from bookworm-backports (25.x) instead of bookworm's 22.3.
+#             MESA=backports takes Mesa from bookworm-backports (25.x) instead of bookworm's 22.3;
+#             MESA=bookworm puts bookworm's back (and drops the backports source).
 #   engine    $VENV (default .venv-vulkan): CMAKE_ARGS="-DGGML_VULKAN=on" python engine/build.py, the
 #             wheel cached by build.py (the first build ~20 min on 2 cores, then seconds), then
 #             pip install -e '.[test]'.
@@ -25,7 +26,7 @@
 # GGML_VK_VISIBLE_DEVICES=0 (set here). Results and logs: $OUT (default /tmp/vulkan_check_out),
 # summary.txt last.
 #
-# Knobs: SET [fast|full]  TESTS (overrides SET)  PYTEST_ARGS  VENV [.venv-vulkan]  MESA [system|backports]
+# Knobs: SET [fast|full]  TESTS (overrides SET)  PYTEST_ARGS  VENV [.venv-vulkan]  MESA [system|backports|bookworm]
 #        STAGES ["sanity tests splits"]  NO_APT=1 (never call apt-get)  PYTHON [python3]
 set -u
 START=$(date +%s)
@@ -94,6 +95,21 @@ packages() {
         fi
         "${sudo[@]}" apt-get update -q || return 1
         "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q -t bookworm-backports mesa-vulkan-drivers || return 1
+    elif [[ $MESA == bookworm ]]; then
+        # back to Debian 12's Mesa after MESA=backports: every Mesa/libdrm package that came from
+        # bookworm-backports goes back to bookworm's version, and 25's extra library goes
+        local back=() pkg ver
+        "${sudo[@]}" rm -f /etc/apt/sources.list.d/dgchat-bookworm-backports.sources
+        "${sudo[@]}" apt-get update -q || return 1
+        while read -r pkg ver; do
+            [[ $ver == *bpo12* && $pkg =~ ^(mesa-|libdrm|libgbm|libegl-mesa|libgl1-mesa|libglx-mesa|libglapi-mesa) ]] || continue
+            ver=$(apt-cache madison "$pkg" | awk -F'|' '{gsub(/ /, "", $2)} $2 !~ /bpo/ {print $2; exit}')
+            if [[ -n $ver ]]; then back+=("$pkg=$ver"); else back+=("$pkg-"); fi
+        done < <(dpkg-query -W -f '${Package} ${Version}\n')
+        if (( ${#back[@]} )); then
+            echo "putting back: ${back[*]}"
+            "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-downgrades "${back[@]}" || return 1
+        fi
     fi
     if (( ${#missing[@]} )); then
         if [[ -n "${NO_APT:-}" ]]; then echo "missing packages: ${missing[*]} (NO_APT set)"; return 1; fi

@@ -34,6 +34,7 @@
 # PyTorch brings (site-packages/nvidia/cu13), and where it has no libcuda stub, the driver's libcuda.
 # A CPU-only dry run on a dev machine (no GPU; the sanity stage then reports "cannot offload"):
 #   CUDA=OFF MAKE_ARGS=--tiny BENCH_STEPS=2 BENCH_ARGS="--ar-tokens 4" bash tests/bench/gpu_check.sh
+{  # the whole script is read before it runs: editing it during a run cannot change that run
 set -u
 START=$(date +%s)
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -323,3 +324,4 @@ if [[ -n "$MAKE_PID" ]] && kill -0 "$MAKE_PID" 2>/dev/null; then kill -TERM "$MA
 cat "$OUT/summary.txt"
 for s in "${ORDER[@]}"; do [[ ${STATUS[$s]} == ok ]] || exit 1; done
 exit 0
+}

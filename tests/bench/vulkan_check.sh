@@ -28,6 +28,7 @@
 #
 # Knobs: SET [fast|full]  TESTS (overrides SET)  PYTEST_ARGS  VENV [.venv-vulkan]  MESA [system|backports|bookworm]
 #        STAGES ["sanity tests splits"]  NO_APT=1 (never call apt-get)  PYTHON [python3]
+{  # the whole script is read before it runs: editing it during a run cannot change that run
 set -u
 START=$(date +%s)
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -171,3 +172,4 @@ fi
 cat "$OUT/summary.txt"
 for s in "${ORDER[@]}"; do [[ ${STATUS[$s]} == ok || ${STATUS[$s]} == skipped:* ]] || exit 1; done
 exit 0
+}

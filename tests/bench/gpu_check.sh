@@ -220,33 +220,33 @@ wait_writer() {  # the full-shape GGUF writer, if it is still running (its own t
     tail -n 3 "$OUT/make.log" 2>/dev/null
 }
 stage_sanity() {
+    local check=(tests/bench/gpu_check_sanity.py --expect-patch-level "$PATCH_LEVEL") dbg exe
     { nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1 || true; } >> "$OUT/sanity.log"
-    run_stage sanity "$T_SANITY" "$OUT/sanity.log" "$PY" tests/bench/gpu_check_sanity.py \
-        --expect-patch-level "$PATCH_LEVEL"
-    local dbg exe
+    run_stage sanity "$T_SANITY" "$OUT/sanity.log" "$PY" "${check[@]}"
+    [[ ${STATUS[sanity]} == "FAILED (rc 139)" ]] || return
     dbg=$(command -v gdb || command -v cuda-gdb || true)
-    if [[ ${STATUS[sanity]} == "FAILED (rc 139)" && -n $dbg ]]; then
+    if [[ -n $dbg ]]; then
         exe=$("$PY" -c 'import sys; print(sys.executable)' 2>/dev/null)  # not a wrapper script (pyenv shims)
         # the native stack of a segfault, once: a Python traceback stops at the ctypes call
         log "sanity segfaulted: its backtrace under $(basename "$dbg") (into sanity.log)"
         timeout -k 5 "$(cap 60)" "$dbg" -q -batch -ex "set pagination off" -ex run -ex bt -ex "x/3i \$pc" \
-            --args "${exe:-$PY}" tests/bench/gpu_check_sanity.py --expect-patch-level "$PATCH_LEVEL" 2>&1 \
-            | grep -E "^#[0-9]|signal SIG|^=> " | head -n 24 >> "$OUT/sanity.log"
+            --args "${exe:-$PY}" "${check[@]}" 2>&1 | grep -E "^#[0-9]|signal SIG|^=> " | head -n 24 >> "$OUT/sanity.log"
     fi
-    [[ ${STATUS[sanity]} == "FAILED (rc 139)" ]] && load_order_workaround
+    load_order_workaround "${check[@]}"
 }
-load_order_workaround() {
+load_order_workaround() {  # load_order_workaround SANITY_ARGS...
     # The first GPU day's crash (README, "First GPU day"): every model load segfaulted in
     # llama_model::print_info unless llama.cpp's library was loaded before numpy. library.py now
     # puts libstdc++ into the global scope first; if the sanity stage still segfaults, that was not
     # enough, and the two process-wide forms are tried in turn. The first that loads stays set for
     # the stages after it, so they still measure something, and the summary names it ("loads":
     # the retry reached its verdict, 0 ok or 1 a PROBLEM line, instead of dying).
+    local preload="libstdc++.so.6${LD_PRELOAD:+:$LD_PRELOAD}"
+    local engine_first="$WORK/engine_first:$PYTHONPATH"
     log "sanity segfaulted: trying libstdc++ preloaded (LD_PRELOAD)"
-    LD_PRELOAD="libstdc++.so.6${LD_PRELOAD:+:$LD_PRELOAD}" run_stage sanity+preload "$T_SANITY" \
-        "$OUT/sanity.log" "$PY" tests/bench/gpu_check_sanity.py --expect-patch-level "$PATCH_LEVEL"
+    LD_PRELOAD=$preload run_stage sanity+preload "$T_SANITY" "$OUT/sanity.log" "$PY" "$@"
     if (( $? <= 1 )); then
-        export LD_PRELOAD="libstdc++.so.6${LD_PRELOAD:+:$LD_PRELOAD}"
+        export LD_PRELOAD=$preload
         WORKAROUND="LD_PRELOAD=libstdc++.so.6 (library.py's RTLD_GLOBAL promotion was not enough)"
         return
     fi
@@ -256,10 +256,9 @@ load_order_workaround() {
     printf 'import llama_cpp  # gpu_check.sh: llama.cpp before numpy (the load-order crash)\n' \
         > "$WORK/engine_first/sitecustomize.py"
     log "sanity segfaulted again: trying llama.cpp loaded before numpy (sitecustomize)"
-    PYTHONPATH="$WORK/engine_first:$PYTHONPATH" run_stage sanity+engine-first "$T_SANITY" \
-        "$OUT/sanity.log" "$PY" tests/bench/gpu_check_sanity.py --expect-patch-level "$PATCH_LEVEL"
+    PYTHONPATH=$engine_first run_stage sanity+engine-first "$T_SANITY" "$OUT/sanity.log" "$PY" "$@"
     if (( $? <= 1 )); then
-        export PYTHONPATH="$WORK/engine_first:$PYTHONPATH"
+        export PYTHONPATH=$engine_first
         WORKAROUND="llama_cpp imported before numpy by a sitecustomize (neither RTLD_GLOBAL nor LD_PRELOAD was enough)"
     fi
 }

@@ -64,7 +64,7 @@ def test_file_is_small_and_a_text_only_diffusion_gemma() -> None:
     assert not any(name.startswith(("v.", "mm.")) for name in header.tensors)  # no vision tower
 
 
-def test_loads_on_the_exact_engine(engine) -> None:
+def test_loads_on_the_patched_engine(engine) -> None:
     assert engine.info.family == "diffusion_gemma"
     final = _run(engine, DiffusionParams(seed=0))
     if engine_info().exact_diffusion_gemma:

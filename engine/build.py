@@ -61,7 +61,7 @@ VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{VERSION}.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 # The patch set version: llama_dgchat_patch_level() returns it (0001-dgchat-patch-level.patch).
-PATCH_LEVEL = 6
+PATCH_LEVEL = 7
 LOCAL_VERSION = f"{VERSION}+dgchat.{PATCH_LEVEL}"
 HERE = Path(__file__).resolve().parent
 PATCH_DIR = HERE / "patches"

@@ -6,5 +6,6 @@ NATIVE_DIFFUSION_ARCHS = ("llada", "llada-moe", "dream", "rnd1")
 # What an "unsupported model" error tells the user dgchat runs
 SUPPORTED_HELP = (
     "llada, llada-moe, dream, rnd1, DiffusionGemma (gemma4 GGUFs converted by `dgchat convert`), "
-    "or their KV-cache conversions (llama, qwen2, qwen3moe, hy_v3 with attention.causal = false and a mask token)"
+    "their KV-cache conversions (llama, qwen2, qwen3moe, hy_v3 with attention.causal = false and a mask token), "
+    "or block-diffusion models (SDAR, BD3LM: qwen3/qwen2 GGUFs converted by `dgchat convert`)"
 )

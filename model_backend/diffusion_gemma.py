@@ -38,7 +38,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from dgchat.model_backend import llamacpp
-from dgchat.model_backend.diffusion_gemma_denoiser import ar_decoder, dg_denoiser
+from dgchat.model_backend.ar_decoder import ar_decoder
+from dgchat.model_backend.diffusion_gemma_denoiser import dg_denoiser
 from dgchat.model_backend.diffusion_gemma_embed import SelfConditioning
 from dgchat.model_backend.diffusion_gemma_source import FIRST_SLOT, DgLlamaSource
 from dgchat.model_backend.driver import Denoiser, drive
@@ -146,7 +147,7 @@ class DiffusionGemmaEngine(DiffusionEngine):
         if params.autoregressive:
             if template is not None:
                 raise InvalidParameterError("infill needs diffusion; it cannot run with --ar")
-            return ar_decoder(prompt, params, self._setup(), cancel=cancel)
+            return ar_decoder(prompt, params, self._eog, self.model.n_vocab, cancel=cancel)
         return dg_denoiser(prompt, params, self._setup(), cancel=cancel, template=template)
 
     def _source(self, params: Sequence[DiffusionParams], per_seq: int, canvas: int) -> DgLlamaSource:

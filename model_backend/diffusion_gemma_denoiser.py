@@ -1,6 +1,6 @@
-"""DiffusionGemma's denoiser (block diffusion with the entropy-bound sampler) and its AR decoder.
+"""DiffusionGemma's denoiser (block diffusion with the entropy-bound sampler).
 
-Both are coroutines run by driver.drive: they yield requests (requests.EncodeRequest for the causal
+It is a coroutine run by driver.drive: they yield requests (requests.EncodeRequest for the causal
 encoder, requests.DenoiseRequest for a denoising step) and events, and never touch the model. The
 loop is described in diffusion_gemma.py.
 """
@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from dgchat.model_backend import sampling
+from dgchat.model_backend.answer_blocks import AnswerBlocks
 from dgchat.model_backend.canvas import Canvas, Cell, decided_length
 from dgchat.model_backend.driver import Denoiser
 from dgchat.model_backend.entropy_bound import (
@@ -54,8 +54,7 @@ def dg_denoiser(
     fixed = template.fixed.astype(bool) if template is not None else None
     stats = GenerationStats(prompt_tokens=int(prompt.size))
     t_start = time.perf_counter()
-    answer: list[np.ndarray] = []
-    stop = "max_tokens"
+    answer = AnswerBlocks(max_tokens, is_eog, early_stop=params.early_stop)
     cancelled = False
     try:
         t0 = time.perf_counter()
@@ -63,6 +62,7 @@ def dg_denoiser(
         stats.model_s += time.perf_counter() - t0
     except GenerationCancelled:
         cancelled = True
+        answer.stop = "cancelled"
     base = int(prompt.size)
     n_canvases = 0 if cancelled else (max_tokens + L - 1) // L
     for canvas_index in range(n_canvases):
@@ -102,7 +102,7 @@ def dg_denoiser(
             _show(shown, draft, result.accepted, fixed, stats.steps)
             yield StepEvent(
                 step=stats.steps, total_steps=cfg.steps, canvas_index=canvas_index, canvas_step=canvas_step,
-                canvas=shown.snapshot(), answer_tokens=_joined(answer),
+                canvas=shown.snapshot(), answer_tokens=answer.so_far(),
                 committed=int(np.count_nonzero(shown.state != Cell.MASKED)), canvas_length=L,
                 timing=StepTiming(1000 * model_s, 1000 * ((t1 - t0) + row.host_s + (t3 - t2))),
                 elapsed_s=time.perf_counter() - t_start, uniform_state=True,
@@ -111,35 +111,25 @@ def dg_denoiser(
                 break
         stats.canvases += 1
         if cancelled:
-            kept = draft[: decided_length(shown.state)]
-            answer.append(kept[~is_eog[kept]])
-            stop = "cancelled"
+            answer.cancel(draft[: decided_length(shown.state)])
             break
         if template is not None:
-            answer.append(draft.copy())
-            stop = "complete"
+            answer.complete(draft)
             break
-        # early_stop off (benchmarks: answers of exactly max_tokens): end tokens do not end it
-        ends = np.flatnonzero(is_eog[draft]) if params.early_stop else np.empty(0, np.int64)
-        if ends.size:
-            answer.append(draft[: ends[0]].copy())
-            stop = "eos"
-            break
-        answer.append(draft.copy())
-        if sum(a.size for a in answer) >= max_tokens:
+        if answer.finish(draft):
             break
         try:
             t0 = time.perf_counter()
             yield EncodeRequest(draft.astype(np.int32), positions, np.empty(0, np.int64))  # commit the canvas
             stats.model_s += time.perf_counter() - t0
         except GenerationCancelled:
-            stop = "cancelled"
+            answer.stop = "cancelled"
             break
         base += L
-    tokens = _joined(answer)[:max_tokens]
+    tokens = answer.tokens()
     stats.tokens = int(tokens.size)
     stats.elapsed_s = time.perf_counter() - t_start
-    yield FinalEvent(text="", tokens=tokens, stop_reason=stop, stats=stats)
+    yield FinalEvent(text="", tokens=tokens, stop_reason=answer.stop, stats=stats)
 
 
 def _show(shown: Canvas, draft: np.ndarray, accepted: np.ndarray, fixed: np.ndarray | None, step: int) -> None:
@@ -153,71 +143,3 @@ def _show(shown: Canvas, draft: np.ndarray, accepted: np.ndarray, fixed: np.ndar
     shown.committed_at[newly] = step
     if fixed is not None:
         shown.state[fixed] = Cell.FIXED
-
-
-def ar_decoder(prompt: np.ndarray, params: DiffusionParams, setup: DgSetup, *,
-               cancel: threading.Event | None = None) -> Denoiser:
-    """Left-to-right decoding with the causal encoder (the same weights as a causal LM)."""
-    max_tokens = int(params.max_tokens or params.gen_length or 256)
-    rng = np.random.default_rng(params.seed)
-    is_eog = np.zeros(setup.n_vocab, dtype=bool)
-    is_eog[setup.eog] = True
-    bias_ids, bias_values = logit_bias_arrays(params.logit_bias)
-    temp = float(params.temperature or 0.0)
-    top_k, top_p = int(params.top_k or 0), 1.0 if params.top_p is None else float(params.top_p)
-    stats = GenerationStats(prompt_tokens=int(prompt.size))
-    t_start = time.perf_counter()
-    out: list[int] = []
-    stop = "max_tokens"
-    chunk = int(params.gen_length or 64)
-    shown = Canvas.blank(chunk, 0)
-
-    def next_token(tokens: np.ndarray, positions: np.ndarray) -> EncodeRequest:
-        """Append `tokens` and sample the token after the last one."""
-        sample = SampleSpec(temp, top_k, top_p, sampling.draw_uniform(1, temp, rng), bias_ids=bias_ids,
-                            bias_values=bias_values)
-        return EncodeRequest(tokens.astype(np.int32), positions.astype(np.int32), np.array([tokens.size - 1]), sample)
-
-    try:
-        t0 = time.perf_counter()
-        row = yield next_token(prompt, np.arange(prompt.size))
-        while len(out) < max_tokens:
-            if cancel is not None and cancel.is_set():
-                stop = "cancelled"
-                break
-            t1 = time.perf_counter()
-            prop = sampling.proposal(row, greedy=temp == 0.0, algorithm="confidence", rng=rng)
-            tok = int(prop.tokens[0])
-            t2 = time.perf_counter()
-            stats.model_s += t1 - t0 - row.host_s
-            stats.sampler_s += t2 - t1 + row.host_s
-            stats.steps += 1
-            if is_eog[tok] and params.early_stop:
-                stop = "eos"
-                break
-            out.append(tok)
-            i = (len(out) - 1) % chunk
-            if i == 0:
-                shown = Canvas.blank(chunk, 0)
-            shown.commit(np.array([i]), np.array([tok]), prop.confidence, stats.steps)
-            yield StepEvent(
-                step=stats.steps, total_steps=max_tokens, canvas_index=(len(out) - 1) // chunk, canvas_step=i + 1,
-                canvas=shown.snapshot(), answer_tokens=np.array(out[: len(out) - 1 - i], np.int32), committed=i + 1,
-                canvas_length=chunk, timing=StepTiming(1000 * (t1 - t0 - row.host_s), 1000 * (t2 - t1 + row.host_s)),
-                elapsed_s=time.perf_counter() - t_start,
-            )
-            if len(out) >= max_tokens:
-                break
-            t0 = time.perf_counter()
-            row = yield next_token(np.array([tok]), np.array([prompt.size + len(out) - 1]))
-    except GenerationCancelled:
-        stop = "cancelled"
-    tokens = np.array(out, dtype=np.int32)
-    stats.tokens = int(tokens.size)
-    stats.canvases = 1
-    stats.elapsed_s = time.perf_counter() - t_start
-    yield FinalEvent(text="", tokens=tokens, stop_reason=stop, stats=stats)
-
-
-def _joined(parts: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate(parts).astype(np.int32) if parts else np.empty(0, dtype=np.int32)

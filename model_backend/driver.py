@@ -1,10 +1,11 @@
 """The one loop that runs denoisers against a logits source.
 
-A denoiser (masked_diffusion.masked_denoiser, diffusion_gemma_denoiser.dg_denoiser/ar_decoder) is a
-coroutine that yields requests (requests.py) and events (events.py). `drive` runs one or several in
-lock-step: every round it lets each unfinished denoiser run until it asks for something, then
-answers all the round's requests with one `LogitsSource.answer` call (so a source can put them in
-one llama.cpp decode). One denoiser is the single-sequence case of the same loop.
+A denoiser (masked_diffusion.masked_denoiser, diffusion_gemma_denoiser.dg_denoiser,
+block_denoiser.block_denoiser, ar_decoder.ar_decoder) is a coroutine that yields requests
+(requests.py) and events (events.py). `drive` runs one or several in lock-step: every round it lets
+each unfinished denoiser run until it asks for something, then answers all the round's requests
+with one `LogitsSource.answer` call (so a source can put them in one llama.cpp decode). One denoiser
+is the single-sequence case of the same loop.
 """
 
 from __future__ import annotations

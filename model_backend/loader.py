@@ -1,9 +1,9 @@
 """`load_engine`: a model file loaded by the engine class of its family.
 
-The engine classes know nothing of each other (DiffusionGemmaEngine extends DiffusionEngine; the
-base never names it): this module reads the file's header, asks model_info which family the model
-is, and loads it with that family's class. Everything that opens a model file for generation calls
-this.
+The engine classes know nothing of each other (DiffusionGemmaEngine and BlockDiffusionEngine extend
+DiffusionEngine; the base names neither): this module reads the file's header, asks model_info
+which family the model is, and loads it with that family's class. Everything that opens a model
+file for generation calls this.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from dgchat.model_backend.block_diffusion import BlockDiffusionEngine
 from dgchat.model_backend.diffusion_gemma import DiffusionGemmaEngine
 from dgchat.model_backend.engine import DiffusionEngine
 from dgchat.model_backend.gguf_file import read_gguf_header
@@ -21,6 +22,7 @@ from dgchat.model_backend.params import check_threads
 ENGINE_CLASSES: dict[str, type[DiffusionEngine]] = {
     DiffusionEngine.family: DiffusionEngine,
     DiffusionGemmaEngine.family: DiffusionGemmaEngine,
+    BlockDiffusionEngine.family: BlockDiffusionEngine,
 }
 
 

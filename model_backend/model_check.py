@@ -30,9 +30,10 @@ from dgchat.model_backend.gguf_file import GgufHeader, LazyArray
 
 # general.architecture values dgchat runs: llama.cpp's diffusion architectures, DiffusionGemma's
 # gemma4, and the KV-cache architectures `dgchat convert --cache-capable` writes
-# (llada -> llama, dream -> qwen2, rnd1 -> qwen3moe, llada-moe -> hy_v3). Any other architecture's
-# loader reads keys this module does not know, so it is refused rather than half-checked.
-ACCEPTED_ARCHS = ("llada", "llada-moe", "dream", "rnd1", "gemma4", "llama", "qwen2", "qwen3moe", "hy_v3")
+# (llada -> llama, dream -> qwen2, rnd1 -> qwen3moe, llada-moe -> hy_v3), and the block-diffusion
+# files (SDAR, BD3LM: qwen3, qwen2). Any other architecture's loader reads keys this module does not
+# know, so it is refused rather than half-checked.
+ACCEPTED_ARCHS = ("llada", "llada-moe", "dream", "rnd1", "gemma4", "llama", "qwen2", "qwen3", "qwen3moe", "hy_v3")
 # tokenizer.ggml.model values whose llama.cpp tokenizers these architectures use. Others are refused:
 # "none"/"no_vocab" leave a vocabulary that GGML_ASSERTs on its first use, "rwkv" asserts without a
 # newline token, "bert" aborts on byte tokens.
@@ -323,13 +324,14 @@ def _check_hparams(c: _Check, arch: str) -> None:
         c.integer(k("attention.key_length_swa"), 1, MAX_HEAD_DIM, required=True)
         c.integer(k("attention.value_length_swa"), 1, MAX_HEAD_DIM, required=True)
         c.integer(k("embedding_length_per_layer_input"), 0, MAX_EMBD, required=True)
-    if arch in ("llada", "llada-moe", "dream", "rnd1", "llama", "qwen2", "qwen3moe", "hy_v3", "gemma4"):
+    if arch in ("llada", "llada-moe", "dream", "rnd1", "llama", "qwen2", "qwen3", "qwen3moe", "hy_v3", "gemma4"):
         c.number(k("attention.layer_norm_rms_epsilon"), 0.0, 1.0, lo_open=True)
         if c.raw(k("attention.layer_norm_rms_epsilon")) is None:
             raise ModelFileError(f"{c.name}: metadata key {k('attention.layer_norm_rms_epsilon')} is missing")
     c.integer(k("vocab_size"), 1, MAX_VOCAB)
     # dgchat's engine patches read these (llama.cpp throws on wrong types; values are checked here)
     c.integer("dgchat.engine.non_causal_type", 0, 3)  # LLAMA_NON_CAUSAL_TYPE_DGCHAT_CANVAS = 3
+    c.integer("dgchat.engine.attention_block", 1, 4096)  # block-causal attention (patch 0017 throws outside)
     for which in ("causal", "non_causal"):
         c.float_array(f"dgchat.engine.layer_output_scale.{which}", n_layer, -1e6, 1e6)
 
@@ -448,6 +450,7 @@ def _check_dgchat_keys(c: _Check, arch: str, n_vocab: int) -> None:
     if shift is not None and not isinstance(shift, bool) and shift not in ("true", "false", "True", "False"):
         c.fail("diffusion.shift_logits", shift, "is not true/false")
     c.string("dgchat.family", max_len=64)
+    c.string("dgchat.block_diffusion.variant", max_len=64)
     eos = c.raw("dgchat.diffusion.eos_token_ids")
     if eos is not None:
         if not isinstance(eos, list) or len(eos) > 4096 or not all(_is_int(t) and 0 <= t < n_vocab for t in eos):

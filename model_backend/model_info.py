@@ -23,7 +23,15 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
         steps=48, entropy_bound=0.1, t_min=0.4, t_max=0.8, stability_threshold=1, confidence_threshold=0.005,
         temperature=0.0, algorithm="entropy", pad_bias=0.0,
     ),
+    # Block diffusion (docs/BLOCK_DIFFUSION.md); steps are per block, the block size is the file's.
+    # SDAR generate.py: denoising_steps 4, low_confidence_dynamic at confidence_threshold 0.85; the
+    # SDAR README's benchmarks decode greedily. dllm examples/a2d/bd3lm: steps 128 over 4 blocks of 32
+    # (32 a block), temperature 0, low_confidence. max_tokens 512 is dgchat's (a chat answer).
+    "sdar": dict(steps=4, threshold=0.85, temperature=0.0, algorithm="confidence", max_tokens=512),
+    "bd3lm": dict(steps=32, temperature=0.0, algorithm="confidence", max_tokens=512),
 }
+BLOCK_VARIANTS = ("sdar", "bd3lm")
+BLOCK_ARCHS = ("qwen3", "qwen2")  # llama.cpp graphs a block-diffusion file may use
 _ARCH_FAMILY = {"llada": "llada", "llada-moe": "llada", "dream": "dream", "rnd1": "rnd1"}
 
 # GGUF keys with dgchat's recommended defaults (written by `dgchat convert`)
@@ -37,6 +45,7 @@ _DEFAULT_KEYS = {
     "dgchat.eps": "eps",
     "dgchat.top_p": "top_p",
     "dgchat.top_k": "top_k",
+    "dgchat.block_diffusion.max_tokens": "max_tokens",
 }
 
 
@@ -56,7 +65,7 @@ _DG_KEYS = {
 @dataclass(frozen=True)
 class ModelInfo:
     architecture: str
-    family: str  # "masked" | "diffusion_gemma"
+    family: str  # "masked" | "diffusion_gemma" | "block_diffusion"
     preset: str  # key into _FAMILY_DEFAULTS
     has_kv_memory: bool  # llama.cpp keeps a KV cache for this architecture
     mask_token: int | None
@@ -68,6 +77,8 @@ class ModelInfo:
     # the names in `defaults` that the file itself sets (dgchat.* keys), the rest are the family's:
     # model_backend/param_resolution reports "model file" or "family default" for them
     file_defaults: frozenset[str] = frozenset()
+    # block diffusion: the block size B of the file's block-causal attention (dgchat.engine.attention_block)
+    attention_block: int | None = None
 
     @property
     def uniform_state(self) -> bool:
@@ -84,7 +95,7 @@ def _bool(value: Any, default: bool) -> bool:
 
 # the type each recommended default must have in the file (DiffusionParams checks the range)
 _DEFAULT_TYPES: dict[str, type] = {
-    "steps": int, "gen_length": int, "block_length": int, "top_k": int, "stability_threshold": int,
+    "steps": int, "gen_length": int, "block_length": int, "top_k": int, "stability_threshold": int, "max_tokens": int,
     "algorithm": str,
     "threshold": float, "temperature": float, "eps": float, "top_p": float, "entropy_bound": float, "t_min": float,
     "t_max": float, "confidence_threshold": float, "pad_bias": float,
@@ -148,8 +159,25 @@ def inspect_header(header: GgufHeader) -> ModelInfo:
     mask = header.get("tokenizer.ggml.mask_token_id")
     template = header.get("tokenizer.chat_template")
     ctx_len = int(header.arch_key("context_length", 0) or 0)  # an int in range: model_check
+    block = None
     if arch == "gemma4" and header.get("dgchat.family") == "diffusion-gemma":
         family, preset, has_memory, shift = "diffusion_gemma", "diffusion_gemma", True, False
+    elif header.get("dgchat.family") == "block-diffusion":
+        family, has_memory, shift = "block_diffusion", True, False
+        preset = header.get("dgchat.block_diffusion.variant")
+        block = header.get("dgchat.engine.attention_block")
+        if arch not in BLOCK_ARCHS:
+            raise UnsupportedModelError(f"{header.path.name}: a block-diffusion file must use llama.cpp's "
+                                        f"{' or '.join(BLOCK_ARCHS)} graph, not {arch!r:.60}")
+        if preset not in BLOCK_VARIANTS:
+            raise ModelFileError(f"{header.path.name}: metadata dgchat.block_diffusion.variant = {preset!r:.60} "
+                                 f"is not one of {', '.join(BLOCK_VARIANTS)}")
+        if block is None:
+            raise ModelFileError(f"{header.path.name}: a block-diffusion file needs dgchat.engine.attention_block "
+                                 "(its block size)")
+        if mask is None:
+            raise UnsupportedModelError(f"{header.path.name}: block-diffusion GGUF has no mask token "
+                                        "(tokenizer.ggml.mask_token_id)")
     elif arch in NATIVE_DIFFUSION_ARCHS:
         if mask is None:
             raise UnsupportedModelError(f"{header.path.name}: {arch} GGUF has no mask token (tokenizer.ggml.mask_token_id)")
@@ -188,7 +216,11 @@ def inspect_header(header: GgufHeader) -> ModelInfo:
         if value is not None:
             defaults[param] = _checked_default(header, key, param, value)
             from_file.add(param)
-    if defaults.get("block_length") and "eps" in defaults:
+    if family == "block_diffusion":
+        # the canvas is one block, fixed by the file's attention (model_backend/param_resolution)
+        defaults.update(gen_length=int(block), block_length=int(block))
+        from_file.update(("gen_length", "block_length"))
+    elif defaults.get("block_length") and "eps" in defaults:
         defaults.pop("eps")  # a file that asks for blocks overrides the family's timestep schedule
     _check_defaults(header, defaults)
     return ModelInfo(
@@ -203,4 +235,5 @@ def inspect_header(header: GgufHeader) -> ModelInfo:
         context_length=ctx_len,
         defaults=defaults,
         file_defaults=frozenset(from_file),
+        attention_block=int(block) if block is not None else None,
     )

@@ -54,6 +54,8 @@ MASKED_FALLBACK: dict[str, Any] = {"gen_length": 128, "steps": 128, "algorithm":
 MASKED_EPS = 1e-3  # Dream-style schedule end when no block schedule is in force
 UNIFORM_FALLBACK: dict[str, Any] = {"gen_length": 256, "steps": 48, "temperature": 0.0, "top_k": 0, "top_p": 1.0}
 UNIFORM_MIN_MAX_TOKENS = 256  # DiffusionGemma: an answer may continue past a short canvas
+BLOCK_FALLBACK: dict[str, Any] = {"max_tokens": 512, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
+                                  "algorithm": "confidence"}
 
 _PLAIN = DiffusionParams()
 _FIELDS = tuple(f.name for f in fields(DiffusionParams))
@@ -179,6 +181,8 @@ def resolve_params(info: Any, layers: Sequence[Layer] | DiffusionParams | None =
     family, from_file = model_layers(info)
     if info.family == "diffusion_gemma":
         _resolve_uniform(filling, family, from_file)
+    elif info.family == "block_diffusion":
+        _resolve_block(filling, family, from_file, int(info.attention_block))
     else:
         _resolve_masked(filling, family, from_file, has_kv_memory=bool(info.has_kv_memory))
     filling.params.validate()
@@ -236,6 +240,49 @@ def _resolve_uniform(f: _Filling, family: Layer, from_file: Layer) -> None:
                                     "DiffusionGemma uses --entropy-bound")
 
 
+def check_block_flags(block: int, params: DiffusionParams, sources: Mapping[str, str]) -> None:
+    """Refuse a canvas or block length that a command-line flag sets to anything but the model's block."""
+    for name in ("gen_length", "block_length"):
+        value = getattr(params, name)
+        if value is not None and value != block and sources.get(name) == FLAG:
+            raise InvalidParameterError(f"--{name.replace('_', '-')} {value}: this model denoises blocks of {block} "
+                                        "tokens, fixed by its training; set the answer length with --max-tokens")
+
+
+# masked-diffusion and DiffusionGemma settings a block-diffusion run has no use for (unset = None or the field default)
+_NOT_BLOCK = ("eps", "factor", "entropy_bound", "t_min", "t_max", "stability_threshold", "confidence_threshold",
+              "pad_bias")
+
+
+def _resolve_block(f: _Filling, family: Layer, from_file: Layer, block: int) -> None:
+    """Block diffusion (SDAR, BD3LM; docs/BLOCK_DIFFUSION.md): steps are per block, the canvas is one
+    block of the file's size. A canvas or block length of another size from a command-line flag is
+    refused; one from any other layer (config, a chat, a card, a caller fitting a canvas model's
+    canvas to an answer) is replaced by the block size ("derived")."""
+    check_block_flags(block, f.params, f.sources)
+    for name in ("gen_length", "block_length"):
+        value = getattr(f.params, name)
+        if value is not None and value != block:
+            f.set(name, block, DERIVED)
+    p = f.params
+    if p.mode == "reference":
+        raise InvalidParameterError("reference mode reproduces llama.cpp's masked-diffusion example; "
+                                    "this is a block-diffusion model")
+    if p.cache not in ("none", "auto"):
+        raise InvalidParameterError("block diffusion always caches finished blocks exactly; --cache does not apply")
+    if p.cfg_scale or p.alg_temp or (p.algorithm not in (None, "confidence")):
+        raise InvalidParameterError("--cfg-scale, --alg-temp and --algorithm are masked-diffusion options; "
+                                    "block diffusion commits its most confident positions")
+    unused = [n for n in _NOT_BLOCK if getattr(p, n) is not None]
+    if unused:
+        raise InvalidParameterError(f"--{unused[0].replace('_', '-')} does not apply to block diffusion "
+                                    "(its settings: --steps per block, --threshold, --temperature, --max-tokens)")
+    f.fill(from_file.values, MODEL_FILE)
+    f.fill(family.values, FAMILY_DEFAULT)
+    f.fill(BLOCK_FALLBACK, FAMILY_DEFAULT)
+    f.set("cache", "none", DERIVED)  # no masked-diffusion cache: finished blocks are cached exactly
+
+
 # -- sources for values an engine or a server decided ----------------------------------------------
 
 def explain(final: DiffusionParams, layers: Sequence[Layer], info: Any = None, *,
@@ -247,7 +294,8 @@ def explain(final: DiffusionParams, layers: Sequence[Layer], info: Any = None, *
     candidates = list(reversed(list(layers)))  # the highest layer first
     if info is not None and getattr(info, "defaults", None) is not None:
         family, from_file = model_layers(info)
-        fallback = UNIFORM_FALLBACK if getattr(info, "family", None) == "diffusion_gemma" else MASKED_FALLBACK
+        fallback = {"diffusion_gemma": UNIFORM_FALLBACK, "block_diffusion": BLOCK_FALLBACK}.get(
+            getattr(info, "family", None), MASKED_FALLBACK)
         candidates += [from_file, Layer(FAMILY_DEFAULT, {**fallback, **family.values})]
     sources: dict[str, str] = {}
     for name in _FIELDS:
@@ -268,11 +316,13 @@ def resolved_for(engine: Any, layers: Sequence[Layer], *, precise: tuple[bool, s
     the source of each. A local engine resolves by `resolve_params`, whose sources are exact; for
     other engines the sources are credited by `explain`. remote: a server's model, whose settings
     no layer chose are the server's ("server")."""
-    merged, _ = merge(layers)
+    merged, merged_sources = merge(layers)
+    info = getattr(engine, "info", None)
+    if getattr(info, "family", None) == "block_diffusion" and not remote:
+        check_block_flags(int(info.attention_block), merged, merged_sources)  # engine.resolve replaces them
     final = engine.resolve(merged)
     if remote:
         return explain(final, layers, precise=precise, unknown=SERVER)
-    info = getattr(engine, "info", None)
     if info is not None and getattr(info, "defaults", None) is not None:
         try:
             tracked = resolve_params(info, layers, precise=precise)

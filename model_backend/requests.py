@@ -1,11 +1,11 @@
 """What the denoisers ask of a logits source, and how a generation is set up.
 
-The denoisers (masked_diffusion, diffusion_gemma_denoiser) are coroutines: they *yield* one of the
-requests below and are *sent* the answer (logits, or RowStats where the source samples in
-llama.cpp's graph). A logits source (logits_source.LlamaLogits, diffusion_gemma_source.DgLlamaSource)
-answers them; the driver (driver.drive) passes them between the two. The setups are the model facts
-a denoiser needs, read once from the engine. Events (what a generation yields to its caller) are in
-events.py.
+The denoisers (masked_diffusion, diffusion_gemma_denoiser, block_denoiser, ar_decoder) are
+coroutines: they *yield* one of the requests below and are *sent* the answer (logits, or RowStats
+where the source samples in llama.cpp's graph). A logits source (logits_source.LlamaLogits,
+diffusion_gemma_source.DgLlamaSource, block_source.BlockLlamaSource) answers them; the driver
+(driver.drive) passes them between the two. The setups are the model facts a denoiser needs, read
+once from the engine. Events (what a generation yields to its caller) are in events.py.
 """
 
 from __future__ import annotations
@@ -47,14 +47,22 @@ class EncodeRequest:
 
 @dataclass(frozen=True)
 class DenoiseRequest:
-    """One denoising step: a bidirectional pass over `canvas` (token ids) at `positions`, its input
-    mixed with the self-conditioning signal of this canvas's previous step unless `first_step`.
-    Answered with the RowStats of every canvas row under `sample`; the cells are removed afterwards."""
+    """One denoising step: a bidirectional pass over `canvas` (token ids) at `positions` that reads
+    the sequence's cache and leaves it as it was (the canvas's cells are removed afterwards).
+
+    DiffusionGemma: the input is mixed with the self-conditioning signal of this canvas's previous
+    step unless `first_step`; answered with the RowStats of every canvas row under `sample`.
+    Block diffusion (block_denoiser): `rows` are the canvas rows asked for (the masked positions;
+    None: all), answered with their RowStats under `sample`, or their logits when `sample` is None;
+    `commit` is a finished block (tokens, positions) appended to the cache for good in the same
+    pass, before the canvas (its store pass merged with this step)."""
 
     canvas: np.ndarray
     positions: np.ndarray
-    sample: SampleSpec
+    sample: SampleSpec | None
     first_step: bool
+    rows: np.ndarray | None = None
+    commit: tuple[np.ndarray, np.ndarray] | None = None
 
 
 Request = LogitsRequest | EncodeRequest | DenoiseRequest
@@ -81,6 +89,17 @@ class MaskedSetup:
     mask_token: int
     eog_tokens: np.ndarray  # ids that end an answer
     shift_logits: bool  # Dream: position i is predicted from row i - 1
+
+
+@dataclass(frozen=True)
+class BlockSetup:
+    """What a block-diffusion denoiser knows of the model (docs/BLOCK_DIFFUSION.md)."""
+
+    block_size: int
+    variant: str  # "sdar": blocks counted from position 0; "bd3lm": blocks end where the prompt ends
+    mask_token: int
+    eog: np.ndarray  # ids that end an answer
+    n_vocab: int
 
 
 @dataclass(frozen=True)

@@ -283,6 +283,17 @@ def choose_threshold(confidence: np.ndarray, threshold: float) -> np.ndarray:
     return picked
 
 
+def choose_dynamic(confidence: np.ndarray, k: int, threshold: float) -> np.ndarray:
+    """SDAR's `low_confidence_dynamic` (JetAstra/SDAR generate.py): if at least k positions have a
+    confidence strictly above the threshold, all of them; otherwise the k most confident (ties to the
+    leftmost). `confidence` holds only the positions that may be committed (the masked ones), so k
+    is capped at their number (SDAR's torch.topk over -inf entries could pick decided positions)."""
+    high = np.flatnonzero(confidence > threshold)
+    if high.size >= k:
+        return high
+    return np.argsort(-confidence, kind="stable")[:k]
+
+
 def choose_factor(confidence: np.ndarray, factor: float) -> np.ndarray:
     """Fast-dLLM's factor rule: commit the n most confident positions for the largest n with
     (n + 1) * (1 - c_n) <= factor, where c_n is the n-th highest confidence (at least one)."""

@@ -45,6 +45,12 @@ class EngineInfo:
         return self.patch_level >= 3 and HEAD is not None
 
     @property
+    def block_causal(self) -> bool:
+        """A GGUF's `dgchat.engine.attention_block` makes non-causal attention block-causal
+        (engine/patches/0017): what block-diffusion models (SDAR, BD3LM) need."""
+        return self.patch_level >= 7
+
+    @property
     def amx_safe(self) -> bool:
         """ggml's AMX weight buffer keeps its tile configuration whatever compiler built the engine
         (engine/patches/0009)."""

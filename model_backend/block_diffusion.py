@@ -1,0 +1,136 @@
+"""Block diffusion (SDAR, BD3LM) on llama.cpp's qwen3/qwen2 graphs: the engine.
+
+The answer is written block after block: inside a block the positions are denoised in parallel
+with bidirectional attention, finished blocks are cached like an autoregressive model's tokens, so
+a step costs about one decode of a block against the cache (docs/BLOCK_DIFFUSION.md). The parts:
+block_denoiser (the loop, a coroutine), block_source (its requests answered by llama.cpp with the
+block-causal mask of engine/patches/0017), this module (the engine: parameters, generation).
+
+`--ar` decodes the same weights left to right with causal attention (ar_decoder): the autoregressive
+twin a block-diffusion model was trained from, for comparisons.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from dgchat.model_backend import llamacpp
+from dgchat.model_backend.ar_decoder import ar_decoder
+from dgchat.model_backend.block_denoiser import block_denoiser, prompt_offset, sequence_length
+from dgchat.model_backend.block_source import BlockLlamaSource
+from dgchat.model_backend.driver import Denoiser, drive
+from dgchat.model_backend.engine import DiffusionEngine
+from dgchat.model_backend.errors import ContextOverflowError, EngineError, InvalidParameterError
+from dgchat.model_backend.events import FinalEvent, StepEvent
+from dgchat.model_backend.model_info import ModelInfo
+from dgchat.model_backend.params import DiffusionParams
+from dgchat.model_backend.requests import BlockSetup, CanvasTemplate, EncodeRequest
+
+NO_INFILL = ("block diffusion writes left to right, one block after another: a position cannot see text "
+             "to the right of its block, so it cannot fill in a gap between given texts (infill)")
+
+
+class BlockDiffusionEngine(DiffusionEngine):
+    """SDAR and BD3LM models (the `block_diffusion` family; see the module docstring)."""
+
+    family = "block_diffusion"
+
+    def __init__(self, model: llamacpp.LlamaModel, info: ModelInfo, *, n_threads: int | None = None,
+                 precise: bool = False) -> None:
+        if not llamacpp.engine_info().block_causal:
+            raise EngineError(f"{model.path.name} is a block-diffusion model, which needs dgchat's engine (patch "
+                              "level 7, block-causal attention): install with README's command")
+        super().__init__(model, info, n_threads=n_threads, precise=precise)
+        self.block_size = int(info.attention_block or 0)
+        self.variant = info.preset
+
+    @property
+    def label(self) -> str:
+        name = {"sdar": "SDAR", "bd3lm": "BD3LM"}.get(self.variant, self.variant)
+        return f"block diffusion ({name}, blocks of {self.block_size})"
+
+    def _setup(self) -> BlockSetup:
+        return BlockSetup(self.block_size, self.variant, int(self.info.mask_token), self._eog, self.model.n_vocab)
+
+    def check_fits(self, prompt_tokens: int, params: DiffusionParams) -> None:
+        need = sequence_length(prompt_tokens, int(params.max_tokens or 0), self._setup())
+        if prompt_tokens + prompt_offset(prompt_tokens, self._setup()) + self.block_size > self.n_ctx_max:
+            raise ContextOverflowError(f"the prompt is {prompt_tokens} tokens; with a block of {self.block_size} "
+                                       f"it exceeds the model's context of {self.n_ctx_max} tokens")
+        if need > self.n_ctx_max:
+            raise ContextOverflowError(f"prompt ({prompt_tokens}) + max tokens ({params.max_tokens}) exceed the "
+                                       f"model's context of {self.n_ctx_max} tokens; lower --max-tokens")
+
+    def _check_prompt(self, prompt_tokens, params: DiffusionParams, template: CanvasTemplate | None) -> np.ndarray:
+        if template is not None:
+            raise InvalidParameterError(NO_INFILL)
+        return super()._check_prompt(prompt_tokens, params, None)
+
+    # -- generation ---------------------------------------------------------------------------
+    def _coroutine(self, prompt: np.ndarray, params: DiffusionParams, cancel) -> Denoiser:
+        if params.autoregressive:
+            return ar_decoder(prompt, params, self._eog, self.model.n_vocab, cancel=cancel)
+        return block_denoiser(prompt, params, self._setup(), cancel=cancel)
+
+    def _source(self, params: Sequence[DiffusionParams], per_seq: int) -> BlockLlamaSource:
+        modes = {self.on_backend(p) for p in params}
+        causal = {bool(p.autoregressive) for p in params}
+        if len(modes) > 1 or len(causal) > 1:
+            raise InvalidParameterError("sequences decoded together must share --sampler-on and --ar")
+        return BlockLlamaSource(self, len(params), per_seq, on_backend=modes.pop(), causal=causal.pop())
+
+    def _run(self, coroutines: list[Denoiser], source: BlockLlamaSource) -> Iterator[tuple[int, StepEvent | FinalEvent]]:
+        for i, event in drive(coroutines, source):
+            yield i, (self._finish(event, source.on_backend) if isinstance(event, FinalEvent) else event)
+
+    def generate(self, prompt_tokens, params=None, *, cancel=None, template=None):
+        params = self.resolve(params)
+        prompt_tokens = self._check_prompt(prompt_tokens, params, template)
+        with self._lock:
+            source = self._source([params], sequence_length(int(prompt_tokens.size), int(params.max_tokens),
+                                                           self._setup()))
+            events = (event for _, event in self._run([self._coroutine(prompt_tokens, params, cancel)], source))
+            yield from self._with_cancel(events, cancel)
+
+    def generate_batch(self, prompts, params, *, cancel=None, templates=None):
+        if len(prompts) != len(params):
+            raise InvalidParameterError("one parameter set per prompt")
+        if templates is not None and any(t is not None for t in templates):
+            raise InvalidParameterError(NO_INFILL)
+        resolved = [self.resolve(p) for p in params]
+        prompts = [self._check_prompt(t, p, None) for t, p in zip(prompts, resolved)]
+        with self._lock:
+            per_seq = max(sequence_length(int(t.size), int(p.max_tokens), self._setup())
+                          for t, p in zip(prompts, resolved))
+            source = self._source(resolved, per_seq)
+            coroutines = [self._coroutine(t, p, cancel) for t, p in zip(prompts, resolved)]
+            yield from self._with_cancel(self._run(coroutines, source), cancel)
+
+    def pseudo_log_likelihood(self, context: np.ndarray, answer: np.ndarray, *, groups: int = 4) -> np.ndarray:
+        """Per-token log p(answer_i | context, the rest of the answer the model can see): the answer
+        split into `groups` interleaved groups, one pass per group with that group masked. Under the
+        block-causal mask a position sees its own block and earlier ones, so the score of a token is
+        conditioned on the text before it and on its block's unmasked neighbours."""
+        context = np.asarray(context, dtype=np.int32)
+        answer = np.asarray(answer, dtype=np.int32)
+        out = np.zeros(answer.size, dtype=np.float64)
+        if answer.size == 0:
+            return out
+        seq = np.concatenate([context, answer])
+        start = prompt_offset(int(context.size), self._setup())
+        positions = np.arange(start, start + seq.size, dtype=np.int32)
+        with self._lock:
+            source = BlockLlamaSource(self, 1, int(start + seq.size), on_backend=False)
+            for g in range(min(groups, answer.size)):
+                idx = np.arange(g, answer.size, groups)
+                masked = seq.copy()
+                masked[context.size + idx] = self.info.mask_token
+                (logits,) = source.answer([(0, EncodeRequest(masked, positions, context.size + idx))])
+                source.ctx.clear()
+                logits = logits.astype(np.float64)
+                m = logits.max(axis=1, keepdims=True)
+                logz = m[:, 0] + np.log(np.exp(logits - m).sum(axis=1))
+                out[idx] = logits[np.arange(idx.size), answer[idx]] - logz
+        return out

@@ -1,0 +1,163 @@
+"""Block diffusion's logits source: the block denoiser's requests answered by llama.cpp.
+
+With the model's block-causal mask (engine/patches/0017, active while causal attention is off):
+- an `EncodeRequest` (the prompt's whole blocks, or a text being scored) appends its tokens to the
+  sequence's cache; a request longer than one decode is cut at block boundaries, which the mask
+  makes exact (nothing of a block sees a later block);
+- a `DenoiseRequest` decodes its `commit` (a finished block, kept in the cache) and its canvas (the
+  current block) in one pass, returns the rows asked for (the masked positions) and removes the
+  canvas's cells afterwards.
+In `--ar` mode (`causal`) the same requests run with ordinary causal attention (ar_decoder).
+
+Several sequences (generate_batch) share each decode, one llama.cpp sequence id each. With dgchat's
+diffusion head a request's rows come back as RowStats computed in llama.cpp's graph; otherwise (or
+for a request without a sample spec) as logits, turned into RowStats on the host when it has one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dgchat.model_backend.logits_source import PLAIN_HEAD, head_request
+from dgchat.model_backend.requests import DenoiseRequest, EncodeRequest, Request
+from dgchat.model_backend.sampling import RowStats, SampleSpec
+
+if TYPE_CHECKING:  # the engine makes its sources: a type only, not an import cycle
+    from dgchat.model_backend.block_diffusion import BlockDiffusionEngine
+
+# tokens one decode may carry at least (the prompt is cut into pieces of this many)
+MIN_BATCH = 512
+
+
+class BlockLlamaSource:
+    """Answers the requests of one or several block denoisers (driver.LogitsSource)."""
+
+    def __init__(self, engine: BlockDiffusionEngine, n_seq: int, per_seq_tokens: int, *, on_backend: bool,
+                 causal: bool = False) -> None:
+        self.engine = engine
+        self.block = engine.block_size
+        self.on_backend = on_backend
+        self.causal = causal
+        self.ctx = engine.context_for(per_seq_tokens, n_seq=n_seq,
+                                      batch_tokens=max(MIN_BATCH, 2 * self.block * n_seq))
+        self.ctx.clear()
+        if on_backend:
+            self.ctx.configure_head(PLAIN_HEAD)
+
+    def answer(self, requests: Sequence[tuple[int, Request]]) -> list[np.ndarray | RowStats]:
+        results: list[np.ndarray | RowStats | None] = [None] * len(requests)
+        enc = [(k, s, r) for k, (s, r) in enumerate(requests) if isinstance(r, EncodeRequest)]
+        den = [(k, s, r) for k, (s, r) in enumerate(requests) if isinstance(r, DenoiseRequest)]
+        if len(enc) + len(den) != len(requests):
+            raise TypeError("block diffusion answers EncodeRequest and DenoiseRequest only")
+        self.ctx.set_causal(self.causal)
+        if enc:
+            self._encode(enc, results)
+        if den:
+            self._denoise(den, results)
+        return results  # type: ignore[return-value]
+
+    # -- one decode, many sequences --------------------------------------------------------------
+    def _decode(self, parts: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]],
+                specs: list[SampleSpec | None]) -> list[np.ndarray | RowStats]:
+        """One llama.cpp decode of (sequence id, tokens, positions, output indices) parts. Each part's
+        outputs come back as RowStats under its spec (computed in the graph when every part has one
+        and the head is on), else as logits (turned into RowStats on the host where a spec is given)."""
+        tokens = np.concatenate([p[1] for p in parts]).astype(np.int32)
+        positions = np.concatenate([p[2] for p in parts]).astype(np.int32)
+        seq_ids = np.concatenate([np.full(p[1].size, p[0], np.int32) for p in parts])
+        offsets = np.cumsum([0] + [p[1].size for p in parts])
+        outputs = np.concatenate([offsets[i] + p[3] for i, p in enumerate(parts)]).astype(np.int64)
+        sizes = [p[3].size for p in parts]
+        ctx = self.ctx
+        wanted = [i for i, n in enumerate(sizes) if n]
+        if self.on_backend and wanted and all(specs[i] is not None for i in wanted):
+            live = [specs[i] for i in wanted]
+            head = head_request(ctx, live, np.repeat(np.arange(len(live)), [sizes[i] for i in wanted]))
+            stats = ctx.decode_tokens(tokens, positions, seq_ids=seq_ids, outputs=outputs, head=head)
+            split = iter(stats.split([sizes[i] for i in wanted]))
+            return [next(split) if n else _empty_stats() for n in sizes]
+        logits = ctx.decode_tokens(tokens, positions, seq_ids=seq_ids, outputs=outputs)
+        out: list[np.ndarray | RowStats] = []
+        start = 0
+        for n, spec in zip(sizes, specs):
+            rows = np.array(logits[start:start + n], copy=True)
+            start += n
+            if spec is None:
+                out.append(rows)
+                continue
+            t0 = time.perf_counter()
+            st = spec.stats(rows)
+            out.append(replace(st, host_s=time.perf_counter() - t0))
+        return out
+
+    # -- requests ----------------------------------------------------------------------------------
+    def _encode(self, items, results) -> None:
+        """Append each request's tokens (cut at block boundaries into decodes that fit)."""
+        limit = self._limit()
+        pieces: dict[int, list] = {k: [] for k, _, _ in items}
+        for k, s, r in items:
+            want = np.asarray(r.outputs, dtype=np.int64)
+            for a, b in self._cuts(r.positions, limit):
+                outs = want[(want >= a) & (want < b)] - a
+                got = self._decode([(s, r.tokens[a:b], r.positions[a:b], outs)], [r.sample])[0]
+                pieces[k].append(got)
+        for k, _, r in items:
+            parts = pieces[k]
+            if r.sample is not None:
+                results[k] = RowStats.concat(parts) if parts else _empty_stats()
+            else:
+                results[k] = np.concatenate(parts) if parts else np.empty((0, self.engine.n_vocab), np.float32)
+
+    def _cuts(self, positions: np.ndarray, limit: int) -> list[tuple[int, int]]:
+        """[a, b) index ranges of at most `limit` tokens; with the block mask, cut only where a new
+        block starts (a block is never split across decodes)."""
+        n = int(positions.size)
+        if n <= limit:
+            return [(0, n)]
+        if self.causal:
+            return [(a, min(a + limit, n)) for a in range(0, n, limit)]
+        cuts, a = [], 0
+        while a < n:
+            b = min(a + limit, n)
+            if b < n:
+                starts = np.flatnonzero(positions[a + 1:b + 1] % self.block == 0) + a + 1
+                b = int(starts[-1]) if starts.size else b
+            cuts.append((a, b))
+            a = b
+        return cuts
+
+    def _limit(self) -> int:
+        return (self.ctx.max_tokens // self.block) * self.block if not self.causal else self.ctx.max_tokens
+
+    def _denoise(self, items, results) -> None:
+        parts, specs = [], []
+        for _, s, r in items:
+            rows = np.arange(r.canvas.size) if r.rows is None else np.asarray(r.rows, dtype=np.int64)
+            if r.commit is not None:
+                tokens = np.concatenate([r.commit[0], r.canvas])
+                positions = np.concatenate([r.commit[1], r.positions])
+                rows = rows + r.commit[0].size
+            else:
+                tokens, positions = r.canvas, r.positions
+            parts.append((s, tokens, positions, rows))
+            specs.append(r.sample)
+        total = sum(p[1].size for p in parts)
+        if total <= self.ctx.max_tokens:
+            answers = self._decode(parts, specs)
+        else:  # more sequences than one decode holds: one decode each
+            answers = [self._decode([p], [sp])[0] for p, sp in zip(parts, specs)]
+        for (k, s, r), got in zip(items, answers):
+            results[k] = got
+            self.ctx.seq_rm(s, int(r.positions[0]))  # the block's cells: recomputed by its next step
+
+
+def _empty_stats() -> RowStats:
+    e = np.empty(0, np.float32)
+    i = np.empty(0, np.int32)
+    return RowStats(i, i, e, e, e, e)

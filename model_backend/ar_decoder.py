@@ -49,6 +49,7 @@ def ar_decoder(prompt: np.ndarray, params: DiffusionParams, eog: np.ndarray, n_v
     try:
         t0 = time.perf_counter()
         row = yield next_token(prompt, np.arange(prompt.size))
+        stats.prompt_s = time.perf_counter() - t0  # the prompt's pass, which also gives the first token
         while len(out) < max_tokens:
             if cancel is not None and cancel.is_set():
                 stop = "cancelled"

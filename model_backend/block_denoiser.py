@@ -134,7 +134,8 @@ def block_denoiser(
                                 np.empty(0, np.int64))
         except GenerationCancelled:
             answer.stop = "cancelled"
-        stats.model_s += time.perf_counter() - t0
+        stats.prompt_s = time.perf_counter() - t0
+        stats.model_s += stats.prompt_s
 
     commit: tuple[np.ndarray, np.ndarray] | None = None
     block_start = first

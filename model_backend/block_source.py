@@ -2,8 +2,7 @@
 
 With the model's block-causal mask (engine/patches/0017, active while causal attention is off):
 - an `EncodeRequest` (the prompt's whole blocks, or a text being scored) appends its tokens to the
-  sequence's cache; a request longer than one decode is cut at block boundaries, which the mask
-  makes exact (nothing of a block sees a later block);
+  sequence's cache in one decode (the mask makes that exact: nothing of a block sees a later block);
 - a `DenoiseRequest` decodes its `commit` (a finished block, kept in the cache) and its canvas (the
   current block) in one pass, returns the rows asked for (the masked positions) and removes the
   canvas's cells afterwards.
@@ -30,7 +29,7 @@ from dgchat.model_backend.sampling import RowStats, SampleSpec
 if TYPE_CHECKING:  # the engine makes its sources: a type only, not an import cycle
     from dgchat.model_backend.block_diffusion import BlockDiffusionEngine
 
-# tokens one decode may carry at least (the prompt is cut into pieces of this many)
+# tokens one decode may carry at least (Engine.context_for raises it to the longest sequence)
 MIN_BATCH = 512
 
 
@@ -98,42 +97,16 @@ class BlockLlamaSource:
 
     # -- requests ----------------------------------------------------------------------------------
     def _encode(self, items, results) -> None:
-        """Append each request's tokens (cut at block boundaries into decodes that fit)."""
-        limit = self._limit()
-        pieces: dict[int, list] = {k: [] for k, _, _ in items}
-        for k, s, r in items:
-            want = np.asarray(r.outputs, dtype=np.int64)
-            for a, b in self._cuts(r.positions, limit):
-                outs = want[(want >= a) & (want < b)] - a
-                got = self._decode([(s, r.tokens[a:b], r.positions[a:b], outs)], [r.sample])[0]
-                pieces[k].append(got)
-        for k, _, r in items:
-            parts = pieces[k]
-            if r.sample is not None:
-                results[k] = RowStats.concat(parts) if parts else _empty_stats()
-            else:
-                results[k] = np.concatenate(parts) if parts else np.empty((0, self.engine.n_vocab), np.float32)
-
-    def _cuts(self, positions: np.ndarray, limit: int) -> list[tuple[int, int]]:
-        """[a, b) index ranges of at most `limit` tokens; with the block mask, cut only where a new
-        block starts (a block is never split across decodes)."""
-        n = int(positions.size)
-        if n <= limit:
-            return [(0, n)]
-        if self.causal:
-            return [(a, min(a + limit, n)) for a in range(0, n, limit)]
-        cuts, a = [], 0
-        while a < n:
-            b = min(a + limit, n)
-            if b < n:
-                starts = np.flatnonzero(positions[a + 1:b + 1] % self.block == 0) + a + 1
-                b = int(starts[-1]) if starts.size else b
-            cuts.append((a, b))
-            a = b
-        return cuts
-
-    def _limit(self) -> int:
-        return (self.ctx.max_tokens // self.block) * self.block if not self.causal else self.ctx.max_tokens
+        """Append each request's tokens: all of a round in one decode when they fit, else one each
+        (the context's batch holds a whole sequence, as non-causal attention needs: Engine.context_for)."""
+        parts = [(s, r.tokens, r.positions, np.asarray(r.outputs, dtype=np.int64)) for _, s, r in items]
+        specs = [r.sample for _, _, r in items]
+        if sum(p[1].size for p in parts) <= self.ctx.max_tokens:
+            answers = self._decode(parts, specs)
+        else:
+            answers = [self._decode([p], [sp])[0] for p, sp in zip(parts, specs)]
+        for (k, _, _), got in zip(items, answers):
+            results[k] = got
 
     def _denoise(self, items, results) -> None:
         parts, specs = [], []

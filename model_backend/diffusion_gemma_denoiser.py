@@ -59,7 +59,8 @@ def dg_denoiser(
     try:
         t0 = time.perf_counter()
         yield EncodeRequest(prompt.astype(np.int32), np.arange(prompt.size, dtype=np.int32), np.empty(0, np.int64))
-        stats.model_s += time.perf_counter() - t0
+        stats.prompt_s = time.perf_counter() - t0
+        stats.model_s += stats.prompt_s
     except GenerationCancelled:
         cancelled = True
         answer.stop = "cancelled"

@@ -43,6 +43,7 @@ class GenerationStats:
     model_s: float = 0.0
     sampler_s: float = 0.0
     prompt_tokens: int = 0
+    prompt_s: float = 0.0  # the prompt's own pass (block diffusion, DiffusionGemma: before the first step)
     decode_calls: int = 0
     sampler_on: str = ""  # "backend" (llama.cpp's graph) or "host" (numpy): where the vocabulary-wide work ran
     soft_embedding: str = ""  # DiffusionGemma diffusion: "exact" or "top-256"
@@ -74,7 +75,7 @@ class GenerationStats:
             model_ms_per_step=round(1000 * self.model_s / self.steps, 3) if self.steps else 0.0,
             sampler_ms_per_step=round(1000 * self.sampler_s / self.steps, 3) if self.steps else 0.0,
         )
-        for k in ("elapsed_s", "model_s", "sampler_s"):
+        for k in ("elapsed_s", "model_s", "sampler_s", "prompt_s"):
             d[k] = round(d[k], 4)
         return d
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,6 +113,9 @@ def _checked_default(header: GgufHeader, key: str, param: str, value: Any) -> An
     if not ok:
         raise ModelFileError(f"{header.path.name}: metadata {key} = {value!r:.60} is not a valid {param} "
                              f"({'an integer' if want is int else 'a number' if want is float else 'a string'} expected)")
+    if want is float and isinstance(value, float) and math.isfinite(value):
+        # GGUF floats are float32: 0.85 reads back as 0.8500000238418579; keep the value that was written
+        value = float(f"{value:.7g}")
     try:
         DiffusionParams(**{param: value}).validate()
     except InvalidParameterError as exc:

@@ -1,0 +1,229 @@
+"""Block diffusion on a CPU: a block step, the prompt, and tokens/s against left-to-right decoding.
+
+Runs full-shape block-diffusion GGUFs (tests/bench/make_fullshape_block.py writes Qwen3-1.7B-shaped
+SDAR and Qwen3-0.6B-shaped BD3LM files with random weights and the real 151,936-token vocabulary)
+and prints, from one loaded engine per file, side by side:
+
+- the prompt: seconds for a chat prompt's whole blocks in one decode (PROMPT_TOKENS and 4x that);
+- a block step: seconds for one decode of a block (B tokens, every position asking for logits)
+  against a cache of N tokens, and of the merged pass (the finished block stored + the next block's
+  first step: 2B tokens);
+- answers of ANSWER tokens at 1, 2 and 4 tokens committed per step (steps per block = B, B/2, B/4
+  with the dynamic threshold off, early stop off: random weights would stop anywhere), tokens/s
+  counted from the first answer step (the prompt excluded; listed separately);
+- the same file decoded left to right by dgchat (`--ar`: causal attention, the head's argmax), and
+  by a bare llama.cpp loop (one llama_decode a token, logits of the last row, numpy argmax: no
+  dgchat sampler) — the ratio of each block-diffusion tokens/s to both;
+- the speed prediction (dgchat.hub.speed) next to each measured number, and its ratio.
+
+Every configuration is warmed up once (graph allocation, page faults), then measured `--runs` times
+(the median is printed). Random weights: tokens per step are forced through the step count, which is
+what the published dynamic threshold would give on real weights at that rate.
+
+    python tests/bench/make_fullshape_block.py --out /tmp/bd-full          # writes the two files
+    python tests/bench/bench_block_diffusion.py /tmp/bd-full/*.gguf [--runs 3] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dgchat.model_backend.block_diffusion import BlockDiffusionEngine  # noqa: E402
+from dgchat.model_backend.block_source import BlockLlamaSource  # noqa: E402
+from dgchat.model_backend.events import FinalEvent  # noqa: E402
+from dgchat.model_backend.loader import load_engine  # noqa: E402
+from dgchat.model_backend.params import DiffusionParams  # noqa: E402
+from dgchat.model_backend.requests import DenoiseRequest, EncodeRequest  # noqa: E402
+
+PROMPT_TOKENS = 64
+ANSWER_TOKENS = 64
+CHAT = ("You are a helpful assistant who writes short, friendly emails.",
+        "Write a two-line email to my landlord saying the kitchen tap has been dripping since Monday and "
+        "asking when someone could come to fix it. Keep it polite and plain, and sign it with my name.")
+
+
+def median_time(fn, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def chat_prompt(engine: BlockDiffusionEngine, n: int) -> np.ndarray:
+    """A real chat prompt cut or repeated to n tokens."""
+    system, user = CHAT
+    ids = engine.chat_prompt([{"role": "system", "content": system}, {"role": "user", "content": user}])
+    reps = -(-n // ids.size)
+    return np.tile(ids, reps)[:n].astype(np.int32)
+
+
+@dataclass
+class FileResult:
+    model: str
+    variant: str
+    block: int
+    threads: int
+    prompt_s: dict[int, float] = field(default_factory=dict)  # prompt tokens -> seconds
+    step_s: dict[str, float] = field(default_factory=dict)  # "block@ctx" / "merged@ctx" -> seconds
+    answer_tok_s: dict[int, float] = field(default_factory=dict)  # tokens per step -> decode tok/s
+    answer_steps: dict[int, int] = field(default_factory=dict)
+    ar_tok_s: float = 0.0  # dgchat --ar
+    llama_ar_tok_s: float = 0.0  # bare llama.cpp loop
+    predicted: dict[str, float] = field(default_factory=dict)
+
+
+def time_prompt(engine: BlockDiffusionEngine, n: int, runs: int) -> float:
+    B = engine.block_size
+    n = (n // B) * B
+    tokens = chat_prompt(engine, n)
+    source = BlockLlamaSource(engine, 1, n + 4 * B, on_backend=engine.on_backend(engine.resolve()))
+
+    def once() -> None:
+        source.ctx.clear()
+        source.answer([(0, EncodeRequest(tokens, np.arange(n, dtype=np.int32), np.empty(0, np.int64)))])
+
+    once()  # warm-up
+    return median_time(once, runs)
+
+
+def time_block_step(engine: BlockDiffusionEngine, ctx_tokens: int, merged: bool, runs: int) -> float:
+    """One denoising decode of a fully masked block (every row asking for logits) after ctx_tokens
+    cached tokens; merged: with the previous block stored in the same pass."""
+    B = engine.block_size
+    ctx_tokens = (ctx_tokens // B) * B
+    cached = chat_prompt(engine, ctx_tokens)
+    source = BlockLlamaSource(engine, 1, ctx_tokens + 4 * B, on_backend=False)
+    mask = int(engine.info.mask_token)
+    stored_end = ctx_tokens - (B if merged else 0)
+    source.answer([(0, EncodeRequest(cached[:stored_end], np.arange(stored_end, dtype=np.int32),
+                                     np.empty(0, np.int64)))])
+    canvas = np.full(B, mask, np.int32)
+    positions = np.arange(ctx_tokens, ctx_tokens + B, dtype=np.int32)
+    commit = (cached[stored_end:], np.arange(stored_end, ctx_tokens, dtype=np.int32)) if merged else None
+
+    def once() -> None:
+        source.answer([(0, DenoiseRequest(canvas, positions, None, True, rows=np.arange(B), commit=commit))])
+        if merged:
+            source.ctx.seq_rm(0, stored_end)  # undo the store, so the next run stores again
+
+    once()
+    return median_time(once, runs)
+
+
+def time_answer(engine: BlockDiffusionEngine, prompt: np.ndarray, params: DiffusionParams,
+                runs: int) -> tuple[float, int]:
+    """Decode tokens/s of one answer (its time without the prompt's pass) and its steps (median run)."""
+    results = []
+    for i in range(runs + 1):  # the first run warms up
+        final = None
+        for event in engine.generate(prompt, params):
+            if isinstance(event, FinalEvent):
+                final = event
+        st = final.stats
+        # left to right, the prompt's pass also gives the first token: count the tokens after it
+        tokens = st.tokens - 1 if params.autoregressive else st.tokens
+        if i:
+            results.append((tokens / (st.elapsed_s - st.prompt_s), st.steps))
+    results.sort()
+    return results[len(results) // 2]
+
+
+def time_llama_ar(engine: BlockDiffusionEngine, prompt: np.ndarray, n: int, runs: int) -> float:
+    """A bare llama.cpp left-to-right loop on the same file: tokens/s of n tokens after the prompt."""
+    ctx = engine.context_for(int(prompt.size) + n + 8, batch_tokens=512)
+    rates = []
+    for i in range(runs + 1):
+        ctx.clear()
+        ctx.set_causal(True)
+        logits = ctx.decode_tokens(prompt, np.arange(prompt.size, dtype=np.int32), outputs=[prompt.size - 1])
+        tok = int(np.argmax(logits[0]))
+        t0 = time.perf_counter()
+        for k in range(n):
+            logits = ctx.decode_tokens([tok], [prompt.size + k], outputs=[0])
+            tok = int(np.argmax(logits[0]))
+        if i:
+            rates.append(n / (time.perf_counter() - t0))
+    ctx.clear()
+    ctx.set_causal(False)
+    return statistics.median(rates)
+
+
+def run_file(path: Path, args: argparse.Namespace) -> FileResult:
+    engine = load_engine(path, n_threads=args.threads)
+    assert isinstance(engine, BlockDiffusionEngine), f"{path} is not a block-diffusion model"
+    B = engine.block_size
+    res = FileResult(path.name, engine.variant, B, args.threads or 0)
+    for n in (args.prompt_tokens, 4 * args.prompt_tokens):
+        res.prompt_s[n] = time_prompt(engine, n, args.runs)
+        print(f"  prompt {n}: {res.prompt_s[n]:.3f} s", flush=True)
+    for ctx_tokens in (args.prompt_tokens, args.prompt_tokens + args.answer_tokens):
+        for merged in (False, True):
+            key = f"{'merged' if merged else 'block'}@{ctx_tokens}"
+            res.step_s[key] = time_block_step(engine, ctx_tokens, merged, args.runs)
+            print(f"  step {key}: {1000 * res.step_s[key]:.1f} ms", flush=True)
+    prompt = chat_prompt(engine, args.prompt_tokens)
+    for per_step in (1, 2, 4):
+        steps = max(1, B // per_step)
+        params = DiffusionParams(steps=steps, threshold=1.0, max_tokens=args.answer_tokens, early_stop=False)
+        rate, n_steps = time_answer(engine, prompt, params, args.runs)
+        res.answer_tok_s[per_step], res.answer_steps[per_step] = rate, n_steps
+        print(f"  {per_step} tok/step: {rate:.2f} tok/s ({n_steps} steps)", flush=True)
+    ar = DiffusionParams(autoregressive=True, max_tokens=args.answer_tokens, early_stop=False)
+    res.ar_tok_s, _ = time_answer(engine, prompt, ar, args.runs)
+    print(f"  --ar: {res.ar_tok_s:.2f} tok/s", flush=True)
+    res.llama_ar_tok_s = time_llama_ar(engine, prompt, args.answer_tokens, args.runs)
+    print(f"  llama.cpp loop: {res.llama_ar_tok_s:.2f} tok/s", flush=True)
+    engine.close()
+    return res
+
+
+def table(results: list[FileResult]) -> str:
+    lines = []
+    for r in results:
+        lines.append(f"{r.model} ({r.variant}, blocks of {r.block}, threads {r.threads or 'all'})")
+        for n, s in r.prompt_s.items():
+            lines.append(f"  prompt {n:4d} tokens          {s:8.3f} s   ({n / s:7.1f} tok/s)")
+        for key, s in r.step_s.items():
+            lines.append(f"  {key:24s}  {1000 * s:8.1f} ms")
+        for k, rate in r.answer_tok_s.items():
+            lines.append(f"  block diffusion, {k} tok/step  {rate:8.2f} tok/s   x{rate / r.ar_tok_s:.2f} of --ar, "
+                         f"x{rate / r.llama_ar_tok_s:.2f} of llama.cpp AR   ({r.answer_steps[k]} steps)")
+        lines.append(f"  dgchat --ar                 {r.ar_tok_s:8.2f} tok/s")
+        lines.append(f"  llama.cpp AR loop           {r.llama_ar_tok_s:8.2f} tok/s")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("models", nargs="+", type=Path)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS)
+    ap.add_argument("--answer-tokens", type=int, default=ANSWER_TOKENS)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    results = []
+    for path in args.models:
+        print(f"{path} ...", flush=True)
+        results.append(run_file(path, args))
+    print()
+    print(table(results))
+    if args.json:
+        args.json.write_text(json.dumps([r.__dict__ for r in results], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -10,6 +10,8 @@ from dgchat.commands.common import add_common, threads_arg
 from dgchat.convert.api import convert
 from dgchat.convert.quantize import QUANT_TYPES
 from dgchat.convert.writer import OUTTYPES
+from dgchat.model_backend.errors import ModelFileError
+from dgchat.model_backend.gguf_file import read_gguf_header
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -17,8 +19,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "convert",
         help="convert a checkpoint folder or GGUF to a dgchat GGUF (optionally quantized / cache-capable)",
         description="Convert a Hugging Face checkpoint folder (config.json + *.safetensors: LLaDA, LLaDA-MoE, "
-        "Dream, RND1, DiffusionGemma) or a GGUF (llama.cpp's llada/dream/llada-moe/rnd1, or the upstream "
-        "diffusion-gemma layout) into a GGUF dgchat runs.",
+        "Dream, RND1, DiffusionGemma, block diffusion: SDAR, BD3LM) or a GGUF (llama.cpp's "
+        "llada/dream/llada-moe/rnd1, or the upstream diffusion-gemma layout) into a GGUF dgchat runs.",
     )
     add_common(p)
     p.add_argument("source", type=Path, help="checkpoint folder or .gguf file")
@@ -59,10 +61,23 @@ def run(args: argparse.Namespace) -> int:
     for note in res.notes:
         print(f"note: {note}")
     size = f"{res.n_bytes / 1e6:.1f} MB"
+    family = _family_label(res.family, res.output)
     if res.dry_run:
-        print(f"{res.family} -> {res.gguf_arch} GGUF: {res.n_tensors} tensors ({res.types_text()}), {size} "
+        print(f"{family} -> {res.gguf_arch} GGUF: {res.n_tensors} tensors ({res.types_text()}), {size} "
               "(dry run, nothing written)")
     else:
-        print(f"wrote {res.output} ({res.family} -> {res.gguf_arch}, {res.outtype}, {res.n_tensors} tensors "
+        print(f"wrote {res.output} ({family} -> {res.gguf_arch}, {res.outtype}, {res.n_tensors} tensors "
               f"({res.types_text()}), {size})")
     return 0
+
+
+def _family_label(family: str, output: Path | None) -> str:
+    """The family, with its variant for block diffusion ("block-diffusion sdar"), read back from the
+    written file (a dry run's notes name the variant)."""
+    if family != "block-diffusion" or output is None:
+        return family
+    try:
+        variant = read_gguf_header(output).get("dgchat.block_diffusion.variant")
+    except (ModelFileError, OSError):
+        return family
+    return f"{family} {variant}" if isinstance(variant, str) else family

@@ -6,6 +6,10 @@ The masked-diffusion families (llada, dream, llada_moe, rnd1) also expose `FAMIL
 (`dgchat.convert.families.masked.Family`: their llama.cpp architecture, its cache-capable twin,
 sampler defaults); what they share lives in `masked`. GGUF -> GGUF remaps live in
 `dgchat.convert.gguf_remap`, keyed by the source's general.architecture.
+
+A family may also expose `claims_config(config) -> bool` for configs no `architectures` entry
+matches: `block_diffusion` answers for dllm's A2D configs and for plain Qwen3 / Qwen2 ones (which
+it refuses as autoregressive, unless they carry SDAR's block keys).
 """
 
 from __future__ import annotations
@@ -13,9 +17,9 @@ from __future__ import annotations
 from types import ModuleType
 
 from dgchat.convert.errors import ConvertError
-from dgchat.convert.families import diffusion_gemma, dream, llada, llada_moe, rnd1
+from dgchat.convert.families import block_diffusion, diffusion_gemma, dream, llada, llada_moe, rnd1
 
-FAMILIES: tuple[ModuleType, ...] = (diffusion_gemma, llada, llada_moe, dream, rnd1)
+FAMILIES: tuple[ModuleType, ...] = (diffusion_gemma, llada, llada_moe, dream, rnd1, block_diffusion)
 MASKED: tuple[ModuleType, ...] = (llada, llada_moe, dream, rnd1)
 
 
@@ -29,6 +33,10 @@ def family_for_hf(config: dict) -> ModuleType:
         archs = [archs]
     for fam in FAMILIES:
         if any(a in fam.HF_ARCHITECTURES for a in archs):
+            return fam
+    for fam in FAMILIES:
+        claims = getattr(fam, "claims_config", None)
+        if claims is not None and claims(config):
             return fam
     found = ", ".join(map(str, archs)) or f"model_type {config.get('model_type')!r}"
     raise ConvertError(

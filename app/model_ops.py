@@ -353,9 +353,16 @@ def row_details(row: ModelRow, hw: Hardware | None = None, *, resume_word: str =
         disk = row.fit.disk_need if row.fit is not None else row.size
         free = f" ({format_bytes(hw.disk_free)} free)" if hw is not None and hw.disk_free is not None else ""
         where = short_path(hw.models_dir) if hw is not None else "the models folder"
-        lines.append(f"Download: {row.entry.repo} · {row.entry.filename}, {fmt_size(row.size, row.size_exact)}"
-                     + (", converted once after the download" if row.needs_convert else "")
-                     + f"; needs {format_bytes(disk)} of disk in {where}{free}.")
+        entry = row.entry
+        if entry.checkpoint:
+            lines.append(f"Download: {entry.repo}, a checkpoint of {len(entry.files)} files, "
+                         f"{fmt_size(entry.checkpoint_size, False)}; converted and quantized to {entry.quant} here "
+                         f"({fmt_size(row.size, row.size_exact)}); needs {format_bytes(disk)} of disk at once (the "
+                         f"checkpoint, the unquantized file, the result) in {where}{free}.")
+        else:
+            lines.append(f"Download: {entry.repo} · {entry.filename}, {fmt_size(row.size, row.size_exact)}"
+                         + (", converted once after the download" if row.needs_convert else "")
+                         + f"; needs {format_bytes(disk)} of disk in {where}{free}.")
         if row.partial is not None:
             lines.append(f"A paused download holds {format_bytes(row.partial.done)}"
                          + (f" of {format_bytes(row.partial.total)}" if row.partial.total else "")
@@ -374,16 +381,25 @@ def download_question(row: ModelRow, hw: Hardware | None, models_dir: Path, *, n
     how fast it will answer here (`no_speed`: why that is not known)."""
     assert row.entry is not None
     partial = row.partial
-    if partial is not None and partial.total:
+    if partial is not None and partial.total and row.entry.checkpoint and partial.done >= partial.total:
+        amount = (f"nothing to download: the verified checkpoint ({format_bytes(partial.total)}) is converted and "
+                  f"quantized to {row.entry.quant} again")
+    elif partial is not None and partial.total:
         left = max(partial.total - partial.done, 0)
         amount = (f"{format_bytes(left)} still to download (a paused download holds "
                   f"{format_bytes(partial.done)} of {format_bytes(partial.total)})")
+    elif row.entry.checkpoint:
+        amount = (f"{fmt_size(row.entry.checkpoint_size, False)} to download (a checkpoint of "
+                  f"{len(row.entry.files)} files, converted and quantized to {row.entry.quant} here: "
+                  f"{fmt_size(row.size, row.size_exact)})")
     else:
         amount = f"{fmt_size(row.size, row.size_exact)} to download"
     need = row.fit.disk_need if row.fit is not None else row.size * (2 if row.needs_convert else 1)
     free = (f"{format_bytes(hw.disk_free)} free" if hw is not None and hw.disk_free is not None
             else "free space unknown")
     convert = " (the download and its converted copy)" if row.needs_convert else ""
+    if row.entry.checkpoint:
+        convert = " at once (the checkpoint, the unquantized file the conversion writes first, the result)"
     speed = row.speed
     if speed is not None:
         answers = f"Answers here: {speed.text()}" + ("; too slow here" if speed.too_slow else "") + "."
@@ -409,6 +425,7 @@ PHASES = {
     "downloading": "Downloading",
     "verifying": "Checking the sha256",
     "converting": "Converting to dgchat's layout",
+    "quantizing": "Quantizing",
     "done": "Done",
 }
 
@@ -423,8 +440,10 @@ def progress_text(p: Progress) -> str:
         return f"{format_bytes(p.done)}{total}{speed}{eta}{resumed}"
     if p.phase == "verifying":
         return f"sha256 of {p.name}: {format_bytes(p.done)}" + (f" of {format_bytes(p.total)}" if p.total else "")
-    if p.phase == "converting":
-        return f"tensor {p.done} of {p.total}" if p.total else "reading the file…"
+    if p.phase == "converting":  # the converter reports bytes written
+        return f"{format_bytes(p.done)} of {format_bytes(p.total)} written" if p.total else "reading the file…"
+    if p.phase == "quantizing":
+        return f"tensor {p.done} of {p.total}" if p.total else ""
     if p.phase == "resolving":
         return p.name
     return ""
@@ -448,6 +467,15 @@ def pull_summary(result: PullResult) -> str:
         if result.download is not None and result.download.resumed_from:
             resumed = f" Resumed at {format_bytes(result.download.resumed_from)}."
         text = f"Verified: {sha} matches ({how}).{resumed} Saved as {where}"
+        ck = result.checkpoint
+        if ck is not None:
+            resumed = f" Resumed at {format_bytes(ck.resumed_from)}." if ck.resumed_from else ""
+            kept = (f"The checkpoint is kept in {short_path(ck.kept)}." if ck.kept is not None
+                    else "The checkpoint was deleted after the conversion.")
+            text = (f"Converted and quantized to {ck.quantized}: {sha}. The {len(ck.files)} checkpoint files "
+                    f"({format_bytes(ck.size)}) matched the hub ({ck.verified_by}).{resumed} {kept} Saved as {where}")
+            notes = [n for n in result.notes if n and "kept in" not in n]
+            return text + (f"\n{'; '.join(notes)}." if notes else "")
     notes = " ".join(n for n in result.notes if n)
     return text + (f"\n{notes}" if notes else "")
 

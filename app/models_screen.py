@@ -45,6 +45,8 @@ from dgchat.app.model_ops import (
 )
 from dgchat.app.model_source import ModelSource, ServerSource
 from dgchat.app.prompt_modal import PromptModal
+from dgchat.app.widgets.checkpoint_pull import PullPanel, conversion_label, keep_answer
+from dgchat.app.widgets.checkpoint_pull import download_confirm as checkpoint_confirm
 from dgchat.hub import DownloadCancelled, Hardware, TokenRequiredError
 from dgchat.hub.machine_profile import MachineProfile, ProfileCancelled
 from dgchat.hub.manager import ModelRow, PullResult
@@ -65,6 +67,10 @@ from textual.widgets import Button, DataTable, Footer, Header, Static
 NARROW = 70  # columns below which the screen uses its short forms
 SHORT = 24  # rows below which the buttons lose their borders
 TABLE_ROWS = 14  # model rows the table shows before it scrolls (its max-height less the header)
+# rows the rest of the screen needs at least (header, machine line, table header and margin, detail,
+# a transfer's phase, bar, status and a two-line problem, the buttons, the footer), borderless buttons
+# and no margins below SHORT rows: the table shows what is left, at least MIN_TABLE_ROWS
+RESERVED_ROWS, RESERVED_ROWS_SHORT, MIN_TABLE_ROWS = 18, 13, 3
 
 # action -> its button
 ACTION_BUTTONS = {"use": "m-use", "pull": "m-pull", "cancel": "m-cancel", "verify": "m-verify",
@@ -151,6 +157,8 @@ class ModelsScreen(Screen[ModelSource | None]):
         self.hub_task: HubTask | None = None
         self.task_row: ModelRow | None = None
         self._then_use = False
+        self._keep = False  # the pull running keeps its checkpoint (a checkpoint entry)
+        self.table_rows = TABLE_ROWS  # model rows the table shows at this terminal's height (_fit_to_size)
         self._table_width = 0  # the width the table was laid out for
         # the panel's last result or problem, and the model (row name) it is about: it shows while
         # that model is selected, so that "No network connection" is not read as another model's
@@ -171,7 +179,7 @@ class ModelsScreen(Screen[ModelSource | None]):
             yield DataTable(id="models-table", cursor_type="row")
             with VerticalScroll(id="models-detail-scroll"):
                 yield Static("", id="models-detail", markup=False)
-            yield TransferPanel(id="models-panel")
+            yield PullPanel(id="models-panel")  # a checkpoint: a second bar for its conversion
             with Horizontal(id="models-buttons"):
                 yield Button("Use", id="m-use", variant="primary")
                 yield Button("Pull", id="m-pull")
@@ -200,8 +208,9 @@ class ModelsScreen(Screen[ModelSource | None]):
         self._buttons()
 
     def on_resize(self, event: events.Resize) -> None:
+        laid_out = self.table_rows
         self._fit_to_size()
-        if self.rows and self._table_width != self._room():
+        if self.rows and (self._table_width != self._room() or self.table_rows != laid_out):
             self.refresh_rows()
 
     def _fit_to_size(self) -> None:
@@ -210,6 +219,11 @@ class ModelsScreen(Screen[ModelSource | None]):
         width, height = self.app.size
         short = height < SHORT
         self.set_class(short, "-short")
+        # the catalog grew past what 80x24 shows with a transfer's message: the table scrolls instead
+        visible = max(MIN_TABLE_ROWS, min(TABLE_ROWS, height - (RESERVED_ROWS_SHORT if short else RESERVED_ROWS)))
+        if visible != self.table_rows:
+            self.table_rows = visible
+            self.query_one("#models-table", DataTable).styles.max_height = visible + 1  # + its header
         for button in self.query("#models-buttons Button, #models-server Button").results(Button):
             button.compact = short
         if self.hw is not None:
@@ -346,7 +360,7 @@ class ModelsScreen(Screen[ModelSource | None]):
             if (keep is not None and row.name == keep) or (keep is None and using):
                 selected = i
         self._table_width = self._room()
-        model_ops.fill_model_table(table, rows, marks, self._table_width, visible_rows=TABLE_ROWS)
+        model_ops.fill_model_table(table, rows, marks, self._table_width, visible_rows=self.table_rows)
         if rows:
             table.move_cursor(row=selected, animate=False)
         self._show_detail()
@@ -534,22 +548,24 @@ class ModelsScreen(Screen[ModelSource | None]):
         if not model_ops.downloads(row):
             self._start_pull(row, then_use)
             return
+        modal = checkpoint_confirm(row, self.hw, self.mgr.models_dir, then_use=then_use, no_speed=self.no_speed())
 
         def answer(yes: bool | None) -> None:
             if yes:
-                self._start_pull(row, then_use)
+                self._start_pull(row, then_use, keep=keep_answer(modal))
 
-        self.app.push_screen(model_ops.download_confirm(row, self.hw, self.mgr.models_dir, then_use=then_use,
-                                                        no_speed=self.no_speed()), answer)
+        self.app.push_screen(modal, answer)
 
-    def _start_pull(self, row: ModelRow, then_use: bool) -> None:
+    def _start_pull(self, row: ModelRow, then_use: bool, keep: bool = False) -> None:
+        """`keep`: a checkpoint entry's checkpoint is kept after its conversion (the question's tick box)."""
         mgr = self.mgr
         self._then_use = then_use
+        self._keep = keep
         if row.entry is not None:
             name = row.name
 
             def call(progress: Any, cancel: threading.Event) -> Any:
-                return mgr.pull(name, progress=progress, cancel=cancel)
+                return mgr.pull(name, progress=progress, cancel=cancel, keep_checkpoint=keep)
             verb = "Resuming" if row.status == "partial" else "Getting"
         else:
             path, convert = row.hf_cache.path, row.needs_convert  # type: ignore[union-attr]
@@ -561,9 +577,10 @@ class ModelsScreen(Screen[ModelSource | None]):
                   start=(row.partial.done, row.partial.total) if row.partial is not None else (0, None))
 
     def _run(self, row: ModelRow | None, title: str, call: Any, *, done: Any, start: tuple[int, int | None] = (0, None)) -> None:
-        panel = self.query_one(TransferPanel)
+        panel = self.query_one(PullPanel)
         panel.display = True
         panel.remove_class("-failed")
+        panel.stages(conversion_label(row.entry) if row is not None else None)
         panel.start(title, *start)
         self._panel_message = True
         self._panel_about = row.name if row is not None else None
@@ -602,7 +619,7 @@ class ModelsScreen(Screen[ModelSource | None]):
         if isinstance(exc, TokenRequiredError) and row is not None:
             def after(stored: bool | None) -> None:
                 if stored:  # the download was agreed to already
-                    self._start_pull(row, then_use)
+                    self._start_pull(row, then_use, keep=self._keep)
 
             self.app.push_screen(model_ops.TokenModal(exc.repo, str(exc), exc.had_token), after)
 

@@ -17,7 +17,9 @@
     4 Download   asked first (size, disk, free disk, predicted answer time: the Models screen's
                  question); bytes, speed and time left; Cancel keeps the partial file and Resume
                  continues it (also after quitting); the sha256 result; a gated repo asks for a
-                 token; a DiffusionGemma file is converted with progress
+                 token; a DiffusionGemma file is converted with progress; a checkpoint entry shows two
+                 bars (app/widgets/checkpoint_pull.py): its download, then its conversion and
+                 quantization, and the question offers to keep the checkpoint
     5 Ready      the model loads and answers a short test on the live canvas; "Start chatting"
                  writes `default_model` to the config (so the wizard does not come back) and hands
                  the loaded model to the chat; for a server it writes `[server] url` instead (the
@@ -51,7 +53,6 @@ from dgchat.app.live_view import LiveView
 from dgchat.app.model_ops import (
     HubTask,
     Problem,
-    TransferPanel,
     describe_problem,
     short_path,
     start_hub_task,
@@ -60,6 +61,8 @@ from dgchat.app.model_source import ModelSource, ServerSource
 from dgchat.app.no_model_screen import NoModelScreen
 from dgchat.app.session import Engine, JobDone, ModelChange, ModelSession
 from dgchat.app.widgets.canvas import LiveCanvas
+from dgchat.app.widgets.checkpoint_pull import PullPanel, conversion_label, keep_answer
+from dgchat.app.widgets.checkpoint_pull import download_confirm as checkpoint_confirm
 from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
 from dgchat.hub import (
     DownloadCancelled,
@@ -202,6 +205,7 @@ class WizardScreen(Screen[None]):
         self.download_state = "idle"  # idle | running | paused | failed | done
         self.problem: Problem | None = None
         self.pull_result: PullResult | InstalledModel | None = None
+        self.keep_checkpoint = False  # ticked in the download question of a checkpoint entry
         self.detecting = False
         self.load_state = "idle"  # idle | loading | loaded | failed (the session loads it)
         self.generation: ChatAnswer | None = None  # the test answer
@@ -275,7 +279,7 @@ class WizardScreen(Screen[None]):
                 with VerticalScroll(id="step-download", classes="wiz-step"):
                     yield Label("", id="dl-title", classes="wiz--h1", markup=False)
                     yield Static("", id="dl-source", classes="wiz--muted", markup=False)
-                    yield TransferPanel(id="dl-panel")
+                    yield PullPanel(id="dl-panel")  # a checkpoint: a second bar for its conversion
                 with Vertical(id="step-ready", classes="wiz-step"):
                     yield Label("", id="ready-title", classes="wiz--h1", markup=False)
                     yield Static("", id="ready-model", classes="wiz--muted", markup=False)
@@ -819,12 +823,14 @@ class WizardScreen(Screen[None]):
             return
         if model_ops.downloads(row) and self.mgr is not None:
             # asked first, as the Models screen's Pull: size, disk, free disk, answer time
+            modal = checkpoint_confirm(row, self.hw, self.mgr.models_dir, no_speed=self.no_speed())
+
             def answer(yes: bool | None) -> None:
                 if yes and self.step == "model":
+                    self.keep_checkpoint = keep_answer(modal)
                     self._download(row)
 
-            self.app.push_screen(model_ops.download_confirm(row, self.hw, self.mgr.models_dir,
-                                                            no_speed=self.no_speed()), answer)
+            self.app.push_screen(modal, answer)
             return
         self._download(row)
 
@@ -921,7 +927,11 @@ class WizardScreen(Screen[None]):
         self.download_state = "running"
         self.query_one("#dl-title", Label).update(
             f"Getting {row.title}" if row.status == "in HF cache" else f"Downloading {row.title}")
-        if row.entry is not None and row.status != "in HF cache":
+        if row.entry is not None and row.entry.checkpoint:
+            source = (f"from huggingface.co/{row.entry.repo}: a checkpoint of {len(row.entry.files)} files, then "
+                      f"converted and quantized to {row.entry.quant} into {short_path(mgr.models_dir)}"
+                      + ("; the checkpoint is kept" if self.keep_checkpoint else ""))
+        elif row.entry is not None and row.status != "in HF cache":
             source = (f"from huggingface.co/{row.entry.repo} · {row.entry.filename}\n"
                       f"into {short_path(mgr.models_dir)}")
             if row.needs_convert:
@@ -931,14 +941,15 @@ class WizardScreen(Screen[None]):
             source = f"from your Hugging Face cache: {short_path(cached) if cached else row.name}"
         self.query_one("#dl-source", Static).update(source)
         partial = row.partial
+        self.panel.stages(conversion_label(row.entry))
         self.panel.start(model_ops.PHASES["resolving"], partial.done if partial else 0,
                          partial.total if partial else None)
 
         if row.entry is not None:
-            name = row.name
+            name, keep = row.name, self.keep_checkpoint
 
             def call(progress: Any, cancel: threading.Event) -> Any:
-                return mgr.pull(name, progress=progress, cancel=cancel)
+                return mgr.pull(name, progress=progress, cancel=cancel, keep_checkpoint=keep)
         else:
             path, convert = row.hf_cache.path, row.needs_convert  # type: ignore[union-attr]
 
@@ -950,8 +961,8 @@ class WizardScreen(Screen[None]):
         self._nav()
 
     @property
-    def panel(self) -> TransferPanel:
-        return self.query_one("#dl-panel", TransferPanel)
+    def panel(self) -> PullPanel:
+        return self.query_one("#dl-panel", PullPanel)
 
     def show_progress(self, p: Any) -> None:
         """One progress report (dgchat.hub.Progress) on screen: phase, bar, bytes/speed/ETA, message."""

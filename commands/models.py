@@ -49,6 +49,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     pull = msub.add_parser("pull", help="download (and convert) a catalog model; resumes a stopped download")
     pull.add_argument("name", help="catalog name (see `dgchat models list`)")
+    pull.add_argument("--keep-checkpoint", action="store_true",
+                      help="a checkpoint entry: keep the downloaded checkpoint (in <models>/checkpoints/) after "
+                      "converting it; default: delete it once the conversion is verified")
     pull.add_argument("--token", help="Hugging Face token for this pull (default: HF_TOKEN or the stored login)")
     pull.add_argument("--no-hf-cache", action="store_true", help="download even if the Hugging Face cache has it")
     pull.add_argument("--retries", type=int, default=5, metavar="N", help="reconnects without progress (default 5)")
@@ -154,32 +157,37 @@ def _list(args: argparse.Namespace) -> int:
         console.print(f"[bold]{label + ':':<12}[/] {escape(value)}", overflow="ignore", crop=False)
     for note in hw.notes:
         console.print(f"[dim]note: {escape(note)}[/]", overflow="ignore", crop=False)
-    header = ("", "NAME", "SIZE", "STATUS", "FIT", "ANSWER", "NEEDS")
+    header = ("", "NAME", "SIZE", "DOWNLOAD", "DISK", "STATUS", "FIT", "ANSWER", "NEEDS")
     lines = []
     for r in rows:
         size = format_bytes(r.size) if r.size_exact else f"~{format_bytes(r.size)}"
+        download, disk = _download_and_disk(r)
         status = r.status
         if r.partial is not None:
             status = f"partial {100 * r.partial.done / r.partial.total:.0f}%" if r.partial.total else "partial"
         answer = r.speed.short() if r.speed else "-"
         if r.speed is not None and r.speed.after_rebuild is not None:
             answer += f" (GPU {r.speed.after_rebuild.per_answer()})"
-        lines.append(("*" if r.recommended else "", r.name, size, status, r.badge or "-", answer,
+        lines.append(("*" if r.recommended else "", r.name, size, download, disk, status, r.badge or "-", answer,
                       format_bytes(r.fit.need) if r.fit else "-"))
+    fit_col = header.index("FIT")
     if console.is_terminal:
         table = Table(box=None, pad_edge=False, show_edge=False)
         for col in header:
             table.add_column(col, no_wrap=True)
         for line in lines:
             style = {"fits in VRAM": "green", "fits in RAM": "yellow", "too slow here": "magenta",
-                     "will not fit": "red"}.get(line[4])
-            table.add_row(*map(escape, line[:4]), f"[{style}]{line[4]}[/]" if style else escape(line[4]),
-                          *map(escape, line[5:]))
+                     "will not fit": "red"}.get(line[fit_col])
+            table.add_row(*map(escape, line[:fit_col]),
+                          f"[{style}]{line[fit_col]}[/]" if style else escape(line[fit_col]),
+                          *map(escape, line[fit_col + 1:]))
         console.print(table)
     else:  # a pipe or a file: plain columns, never truncated
         widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
         for line in (header, *lines):
             print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
+    print("SIZE: the model file; DOWNLOAD: what comes over the network (a checkpoint for the models converted "
+          "here); DISK: what the download needs on disk at its peak")
     if profile is not None:
         print(f"ANSWER: the predicted time of a 256-token answer here ({summary(profile)[0][1]})")
         estimated = {r.speed.prediction.basis for r in rows if r.speed and r.speed.prediction.basis != "measured"}
@@ -197,6 +205,18 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _download_and_disk(r: Any) -> tuple[str, str]:
+    """The DOWNLOAD and DISK columns: bytes over the network (a checkpoint's, a GGUF's) and disk at
+    the peak (checkpoint + unquantized intermediate + result); "-" for a model already here."""
+    entry = r.entry
+    if entry is None or entry.bundled or r.status in ("installed", "bundled", "in HF cache"):
+        return "-", "-"
+    exact = r.size_exact if not entry.checkpoint else False
+    download = format_bytes(entry.download_size if entry.checkpoint else r.size)
+    disk = format_bytes(r.fit.disk_need) if r.fit is not None else "-"
+    return (download if exact else f"~{download}"), (f"~{disk}" if disk != "-" and not exact else disk)
+
+
 # -- pull ---------------------------------------------------------------------------------------------
 
 
@@ -204,7 +224,7 @@ class _ProgressView:
     """Progress reports -> a rich bar on a terminal, plain lines otherwise."""
 
     LABELS = {"resolving": "resolving", "downloading": "downloading", "verifying": "verifying sha256",
-              "converting": "converting", "done": "done"}
+              "converting": "converting", "quantizing": "quantizing", "done": "done"}
 
     def __init__(self) -> None:
         from rich.console import Console
@@ -213,6 +233,8 @@ class _ProgressView:
         self.live = self.console.is_terminal
         self.bar = None
         self.task = None
+        self.tasks: dict[tuple[str, bool], Any] = {}
+        self.converted = False  # the conversion has started: a "verifying" now is the result's hash
         self.phase = None
         self.last_message = ""
 
@@ -230,7 +252,10 @@ class _ProgressView:
             self.bar.stop()
 
     def __call__(self, p) -> None:  # p: dgchat.hub.download.Progress
-        info = format_bytes(p.done) + (f" / {format_bytes(p.total)}" if p.total else "")
+        if p.phase in ("quantizing", "resolving") and p.total:  # tensors, files: counts, not bytes
+            info = f"{p.done} / {p.total}" + (f"  {p.name}" if p.phase == "resolving" and p.name else "")
+        else:
+            info = format_bytes(p.done) + (f" / {format_bytes(p.total)}" if p.total else "")
         if p.phase == "downloading":
             if p.speed:
                 info += f"  {format_bytes(p.speed)}/s"
@@ -241,16 +266,26 @@ class _ProgressView:
             if p.resumed_from:
                 info += f"  (resumed at {format_bytes(p.resumed_from)})"
         label = self.LABELS.get(p.phase, p.phase)
+        if p.phase in ("converting", "quantizing"):
+            self.converted = True
         if self.bar is not None:
-            if p.phase != self.phase and self.task is not None:
+            # a checkpoint alternates "downloading" and "verifying" file by file: one bar per phase (and
+            # per side of the conversion), not one per file; "downloading" is the whole checkpoint's
+            # bytes and must not be shown finished between two files
+            if p.phase != self.phase and self.task is not None and self.phase != "downloading":
                 # a finished phase shows as finished (its last report may have been throttled away)
-                task = self.bar.tasks[-1]
-                done = format_bytes(task.total) if task.total else "ok"
+                task = next(t for t in self.bar.tasks if t.id == self.task)
+                counted = self.phase in ("quantizing", "resolving")  # tensors, files
+                done = ("ok" if not task.total else f"{int(task.total)} / {int(task.total)}" if counted
+                        else format_bytes(task.total))
                 self.bar.update(self.task, total=task.total or 1, completed=task.total or 1, info=done)
             if p.phase == "done":
                 self.task = None
             elif p.phase != self.phase:
-                self.task = self.bar.add_task(label, total=p.total or None, info=info)
+                key = (p.phase, self.converted)
+                self.task = self.tasks.get(key)
+                if self.task is None:
+                    self.task = self.tasks[key] = self.bar.add_task(label, total=p.total or None, info=info)
             if self.task is not None:
                 self.bar.update(self.task, completed=p.done, total=p.total or None, info=info)
             if p.message and p.message != self.last_message:
@@ -275,7 +310,8 @@ def _pull(args: argparse.Namespace) -> int:
     try:
         with _ProgressView() as view:
             res = _with_cancel(lambda cancel: mgr.pull(args.name, token=args.token, progress=view, cancel=cancel,
-                                                       use_hf_cache=not args.no_hf_cache, retries=args.retries))
+                                                       use_hf_cache=not args.no_hf_cache, retries=args.retries,
+                                                       keep_checkpoint=args.keep_checkpoint))
     except DownloadCancelled as exc:
         sys.stderr.write(f"dgchat: {exc}\n")
         return 130
@@ -289,6 +325,11 @@ def _pull(args: argparse.Namespace) -> int:
         m = res.model
         how = f", checked by {m.verified_by}" if m.verified_by else ""
         print(f"installed {m.name} ({res.action}): {res.path} ({format_bytes(m.size)}, sha256 {m.sha256[:16]}...{how})")
+        ck = res.checkpoint
+        if ck is not None:
+            print(f"checkpoint: {len(ck.files)} files, {format_bytes(ck.size)}"
+                  + (f", commit {ck.commit[:12]}" if ck.commit else "")
+                  + (f"; kept in {ck.kept}" if ck.kept else "; deleted after the conversion (--keep-checkpoint keeps it)"))
     return 0
 
 

@@ -1,8 +1,9 @@
 """The model catalog: assets/catalog.toml, validated into typed entries with clear errors.
 
-An entry is a real file on the Hugging Face hub (repo + filename + revision), or the bundled model
-(`bundled = true`, no download). Every field is documented at the top of assets/catalog.toml and in
-docs/MODELS.md.
+An entry is a real GGUF file on the Hugging Face hub (repo + filename + revision), a Hugging Face
+*checkpoint* (repo + `files` + revision: safetensors, config and tokenizer, converted and quantized
+locally after the download, dgchat.hub.checkpoint), or the bundled model (`bundled = true`, no
+download). Every field is documented at the top of assets/catalog.toml and in docs/MODELS.md.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,79}$")
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-FAMILIES = ("diffusion_gemma", "llada", "llada_moe", "dream", "rnd1", "tiny")
+FAMILIES = ("diffusion_gemma", "llada", "llada_moe", "dream", "rnd1", "block_diffusion", "tiny")
+# a checkpoint's file: a plain name at the top of the repo (what convert() reads from one folder)
+FILE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 # sampler keys a catalog may recommend (DiffusionParams fields that describe a model, not a run)
 SAMPLER_KEYS: dict[str, type] = {
     "steps": int, "gen_length": int, "block_length": int, "algorithm": str, "eps": float, "temperature": float,
@@ -33,7 +36,8 @@ SAMPLER_KEYS: dict[str, type] = {
 }
 _TOP_KEYS = ("schema", "models")
 _ENTRY_KEYS = ("name", "title", "description", "family", "repo", "filename", "revision", "size", "size_exact",
-               "sha256", "convert", "context", "rank", "bundled", "quant", "typical_steps", "arch", "sampler")
+               "sha256", "convert", "context", "rank", "bundled", "quant", "typical_steps", "arch", "sampler",
+               "files", "optional_files", "checkpoint_size", "file_sha256")
 _ARCH_KEYS = ("n_layer", "n_head_kv", "head_dim", "n_layer_swa", "sliding_window", "n_head_kv_full",
               "head_dim_full", "extra_bytes", "n_embd", "n_head", "n_ff", "n_vocab", "n_expert", "n_expert_used",
               "n_ff_expert", "self_cond_inter")
@@ -41,6 +45,10 @@ _SHAPE_KEYS = ("n_embd", "n_head", "n_ff", "n_vocab", "n_expert", "n_expert_used
 # llama-quantize's file types the speed prediction knows (dgchat.hub.speed._QUANT_MIX)
 QUANTS = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q6_K", "F16", "BF16", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q3_K_M",
           "Q2_K", "IQ4_XS")
+# what a checkpoint entry may be quantized to after conversion: llama.cpp's quantizer types that
+# dgchat.convert.quantize.QUANT_TYPES offers and the speed prediction knows (a test holds the two)
+CHECKPOINT_QUANTS = ("Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_0", "Q4_K_M", "Q4_K_S", "Q4_1", "Q4_0", "Q3_K_M",
+                     "Q2_K", "IQ4_XS")
 
 
 @dataclass(frozen=True)
@@ -98,10 +106,31 @@ class CatalogEntry:
     bundled: bool = False
     quant: str | None = None  # llama-quantize's file type (Q4_K_M, ...); None: read from the file name
     typical_steps: float | None = None  # steps a canvas takes in practice (measured); None: unknown
+    # a Hugging Face checkpoint instead of a GGUF: the repo files to fetch (`files`, all required;
+    # `optional_files`, fetched when the hub has them), the download's size in bytes, and per-file
+    # sha256 pins; converted and quantized to `quant` after the download (dgchat.hub.checkpoint)
+    files: tuple[str, ...] = ()
+    optional_files: tuple[str, ...] = ()
+    checkpoint_size: int = 0
+    file_sha256: dict[str, str] = field(default_factory=dict)
 
     @property
     def downloadable(self) -> bool:
         return not self.bundled
+
+    @property
+    def checkpoint(self) -> bool:
+        """A Hugging Face checkpoint (safetensors + config + tokenizer), converted and quantized locally."""
+        return bool(self.files)
+
+    @property
+    def download_size(self) -> int:
+        """Bytes that come over the network: the checkpoint's, or the GGUF's."""
+        return self.checkpoint_size if self.checkpoint else self.size
+
+    @property
+    def weight_files(self) -> tuple[str, ...]:
+        return tuple(f for f in self.files if f.endswith(".safetensors"))
 
     @property
     def pinned(self) -> bool:
@@ -109,19 +138,27 @@ class CatalogEntry:
         Unpinned entries are checked against what the hub itself reports (the LFS sha256 or the git
         sha1 in its ETag), which protects against a corrupt transfer but not against a changed or
         replaced upload; docs/MODELS.md ("Pinning a catalog entry") says how to pin one."""
+        if self.checkpoint:
+            return COMMIT_RE.match(self.revision) is not None and all(f in self.file_sha256 for f in self.files)
         return self.bundled or (self.sha256 is not None and COMMIT_RE.match(self.revision) is not None)
 
     @property
     def download_name(self) -> str:
-        """The file name the download lands under (the repo file's base name)."""
+        """The file name the download lands under (the repo file's base name); a checkpoint's folder."""
+        if self.checkpoint:
+            return f"{self.name}.checkpoint"
         assert self.filename is not None
         return self.filename.rsplit("/", 1)[-1]
 
     @property
     def installed_name(self) -> str:
-        """The file name in the models folder: converted entries get `<stem>.dgchat.gguf`."""
+        """The file name in the models folder: converted entries get `<stem>.dgchat.gguf`, checkpoint
+        entries `<repo name>-<QUANT>.gguf`."""
         if self.bundled:
             return BUNDLED_MODEL_NAME
+        if self.checkpoint:
+            assert self.repo is not None and self.quant is not None
+            return f"{self.repo.rsplit('/', 1)[-1]}-{self.quant}.gguf"
         name = self.download_name
         if self.convert:
             stem = name[:-5] if name.lower().endswith(".gguf") else name
@@ -209,6 +246,12 @@ def parse_catalog(raw: dict[str, Any], path: Path) -> Catalog:
             if (entry.repo, entry.filename) in files:
                 raise CatalogError(f"{path}: model {entry.name}: {entry.repo}/{entry.filename} is listed twice")
             files.add((entry.repo, entry.filename))
+        if entry.checkpoint:  # two entries would convert into the same file
+            key = (entry.repo or "", f"checkpoint {entry.quant}")
+            if key in files:
+                raise CatalogError(f"{path}: model {entry.name}: the checkpoint {entry.repo} at {entry.quant} is "
+                                   "listed twice")
+            files.add(key)
         entries.append(entry)
     n_bundled = sum(e.bundled for e in entries)
     if n_bundled != 1:
@@ -268,10 +311,13 @@ def _entry(item: dict[str, Any], path: Path, index: int) -> CatalogEntry:
         raise t.fail("name", "lower-case letters, digits, '.', '_' or '-' (at most 80, starting with a letter "
                              "or digit)")
     bundled = t.bool("bundled")
+    checkpoint = "files" in item
     repo = t.str("repo", required=not bundled)
-    filename = t.str("filename", required=not bundled)
-    if bundled and (repo is not None or filename is not None):
-        raise CatalogError(f"{t.where}: the bundled model has no repo or filename (it ships with dgchat)")
+    filename = t.str("filename", required=not (bundled or checkpoint))
+    if bundled and (repo is not None or filename is not None or checkpoint):
+        raise CatalogError(f"{t.where}: the bundled model has no repo, filename or files (it ships with dgchat)")
+    if checkpoint and filename is not None:
+        raise CatalogError(f"{t.where}: give either filename (a GGUF) or files (a checkpoint to convert), not both")
     if repo is not None and not REPO_RE.match(repo):
         raise t.fail("repo", "'owner/name' as on the hub")
     if filename is not None:
@@ -291,6 +337,14 @@ def _entry(item: dict[str, Any], path: Path, index: int) -> CatalogEntry:
     convert = t.bool("convert")
     if convert and bundled:
         raise CatalogError(f"{t.where}: the bundled model cannot need conversion")
+    if checkpoint and (convert or sha is not None):
+        key = "convert" if convert else "sha256"
+        raise CatalogError(f"{t.where}: {key} is for a GGUF entry; a checkpoint is always converted, and its "
+                           "files are pinned in [models.file_sha256]")
+    files, optional, file_sha = _checkpoint_files(t, item) if checkpoint else ((), (), {})
+    for key in ("optional_files", "checkpoint_size", "file_sha256"):
+        if key in item and not checkpoint:
+            raise CatalogError(f"{t.where}: {key} belongs to a checkpoint entry (one with files = [...])")
     arch_raw = item.get("arch")
     if not isinstance(arch_raw, dict):
         raise CatalogError(f"{t.where}: missing [models.arch] table (n_layer, n_head_kv, head_dim)")
@@ -308,9 +362,12 @@ def _entry(item: dict[str, Any], path: Path, index: int) -> CatalogEntry:
         raise a.fail("n_expert_used", f"at most n_expert ({arch.n_expert})")
     if arch.n_expert and not (arch.n_expert_used and arch.n_ff_expert):
         raise CatalogError(f"{a.where}: n_expert needs n_expert_used and n_ff_expert")
-    quant = t.str("quant", required=False)
+    quant = t.str("quant", required=checkpoint)
     if quant is not None and quant.upper() not in QUANTS:
         raise t.fail("quant", "one of " + ", ".join(QUANTS))
+    if checkpoint and quant is not None and quant.upper() not in CHECKPOINT_QUANTS:
+        raise t.fail("quant", "a type a checkpoint is quantized to: " + ", ".join(CHECKPOINT_QUANTS))
+    checkpoint_size = t.int("checkpoint_size", required=checkpoint, default=0, lo=1) or 0
     typical = item.get("typical_steps")
     if typical is not None and (isinstance(typical, bool) or not isinstance(typical, (int, float))
                                 or not 1 <= typical <= 8192):
@@ -327,7 +384,56 @@ def _entry(item: dict[str, Any], path: Path, index: int) -> CatalogEntry:
         context=t.int("context", lo=64) or 0, rank=t.int("rank", required=False, default=0) or 0, arch=arch,
         sampler=sampler, bundled=bundled, quant=quant.upper() if quant else None,
         typical_steps=float(typical) if typical is not None else None,
+        files=files, optional_files=optional, checkpoint_size=checkpoint_size, file_sha256=file_sha,
     )
+
+
+def _names(t: _Table, key: str, required: bool) -> tuple[str, ...]:
+    raw = t.data.get(key, [] if not required else None)
+    if not isinstance(raw, list) or (required and not raw):
+        raise t.fail(key, "a list of file names" + (" (at least one)" if required else ""))
+    out: list[str] = []
+    for name in raw:
+        if not isinstance(name, str) or not FILE_NAME_RE.match(name) or name in (".", ".."):
+            raise CatalogError(f"{t.where}: {key} must list plain file names at the top of the repo (got {name!r})")
+        if name in out:
+            raise CatalogError(f"{t.where}: {key} lists {name!r} twice")
+        out.append(name)
+    return tuple(out)
+
+
+def _checkpoint_files(t: _Table, item: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]:
+    """A checkpoint entry's `files`, `optional_files` and `file_sha256`: what convert() needs is there
+    (config.json, tokenizer.json, the safetensors weights and, for shards, their index)."""
+    files = _names(t, "files", required=True)
+    optional = _names(t, "optional_files", required=False)
+    both = sorted(set(files) & set(optional))
+    if both:
+        raise CatalogError(f"{t.where}: {both[0]!r} is in both files and optional_files")
+    if any(f.endswith((".py", ".bin", ".pt", ".pth", ".pkl", ".ckpt")) for f in (*files, *optional)):
+        raise CatalogError(f"{t.where}: files may list safetensors, JSON, text and template files only (no code, "
+                           "no pickled weights)")
+    for need in ("config.json", "tokenizer.json"):
+        if need not in files:
+            raise CatalogError(f"{t.where}: files must include {need} (the converter reads it)")
+    weights = [f for f in files if f.endswith(".safetensors")]
+    if not weights:
+        raise CatalogError(f"{t.where}: files must include the weights (model.safetensors, or the shards and "
+                           "model.safetensors.index.json)")
+    if len(weights) > 1 and "model.safetensors.index.json" not in files:
+        raise CatalogError(f"{t.where}: files lists {len(weights)} safetensors shards but not "
+                           "model.safetensors.index.json")
+    raw = item.get("file_sha256", {})
+    if not isinstance(raw, dict):
+        raise t.fail("file_sha256", "a table of file name = sha256")
+    pins: dict[str, str] = {}
+    for name, value in raw.items():
+        if name not in files and name not in optional:
+            raise CatalogError(f"{t.where}: file_sha256 names {name!r}, which files does not list")
+        if not isinstance(value, str) or not SHA256_RE.match(value.strip().lower()):
+            raise CatalogError(f"{t.where}: file_sha256.{name} must be 64 hexadecimal digits (got {value!r})")
+        pins[name] = value.strip().lower()
+    return files, optional, pins
 
 
 def _sampler(raw: Any, where: str) -> dict[str, Any]:

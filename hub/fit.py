@@ -112,10 +112,19 @@ def memory_need(size: int, arch: ArchInfo, context: int) -> tuple[int, int, int]
     return size, kv, overhead
 
 
+def checkpoint_disk_need(entry: CatalogEntry) -> int:
+    """Disk a checkpoint entry needs at its peak: the checkpoint, the unquantized GGUF the converter
+    writes before llama.cpp quantizes it (about the checkpoint's size: the weights keep their float
+    type), and the quantized result, all at once (dgchat.hub.checkpoint checks the same sum with the
+    hub's real sizes before the first byte)."""
+    return 2 * entry.checkpoint_size + entry.size
+
+
 def estimate(size: int, arch: ArchInfo, context: int, hw: Hardware, *, on_disk: bool = False,
-             convert: bool = False) -> FitEstimate:
+             convert: bool = False, disk_need: int | None = None) -> FitEstimate:
     """The estimate for a model file of `size` bytes. on_disk: nothing to download;
-    convert: a converted copy of about the same size is written after the download."""
+    convert: a converted copy of about the same size is written after the download;
+    disk_need: the disk the download needs, when it is not the file (a checkpoint entry)."""
     weights, kv, overhead = memory_need(size, arch, context)
     need = weights + kv + overhead
     vram = usable_vram(hw)
@@ -134,7 +143,10 @@ def estimate(size: int, arch: ArchInfo, context: int, hw: Hardware, *, on_disk: 
         fit = Fit.NONE
         best = max(vram, ram)
         why = f"needs {format_bytes(need)}, only {format_bytes(best)} usable"
-    disk_need = 0 if on_disk else size * (2 if convert else 1)
+    if on_disk:
+        disk_need = 0
+    elif disk_need is None:
+        disk_need = size * (2 if convert else 1)
     disk_ok = None if hw.disk_free is None else (disk_need == 0 or hw.disk_free >= disk_need + DISK_MARGIN)
     if disk_ok is False:
         why += f"; the download needs {format_bytes(disk_need)} of disk, {format_bytes(hw.disk_free)} free"
@@ -151,7 +163,8 @@ def estimate_entry(entry: CatalogEntry, hw: Hardware, *, context: int | None = N
             size = path.stat().st_size
         on_disk = True
     return estimate(size if size is not None else entry.size, entry.arch, context or entry.context, hw,
-                    on_disk=on_disk, convert=entry.convert)
+                    on_disk=on_disk, convert=entry.convert,
+                    disk_need=checkpoint_disk_need(entry) if entry.checkpoint else None)
 
 
 TOO_SLOW = "too slow here"

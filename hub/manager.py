@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,13 @@ from dgchat import assets
 from dgchat.convert.api import convert
 from dgchat.hub import paths
 from dgchat.hub.catalog import Catalog, CatalogEntry, load_catalog
+from dgchat.hub.checkpoint import (
+    CheckpointPull,
+    CheckpointResult,
+    checkpoint_downloaded,
+    checkpoint_partial,
+    discard_checkpoint,
+)
 from dgchat.hub.download import (
     DownloadResult,
     Progress,
@@ -51,7 +58,13 @@ from dgchat.hub.hardware import Hardware
 from dgchat.hub.hfcache import CachedGguf, find_in_hf_cache, scan_hf_cache
 from dgchat.hub.machine_profile import MachineProfile
 from dgchat.hub.registry import InstalledModel, Registry
-from dgchat.hub.speed import DEFAULT_LIMIT_S, ModelShape, shape_from_entry, shape_from_header
+from dgchat.hub.speed import (
+    DEFAULT_LIMIT_S,
+    ModelShape,
+    shape_from_entry,
+    shape_from_header,
+    typical_figures,
+)
 from dgchat.hub.util import atomic_write_json, hash_file, sha256_file
 from dgchat.model_backend.errors import DgchatError, ModelFileError, UnsupportedModelError
 from dgchat.model_backend.gguf_file import read_gguf_header
@@ -105,6 +118,12 @@ class ModelRow:
             "predicted_after_rebuild": (self.speed.after_rebuild.as_dict()
                                         if self.speed and self.speed.after_rebuild else None),
             "speed": self.speed.text() if self.speed else None,
+            "download_size": self.entry.download_size if self.entry is not None and not self.entry.bundled else None,
+            "disk_need": self.fit.disk_need if self.fit else None,
+            "checkpoint": ({"files": list(self.entry.files), "optional_files": list(self.entry.optional_files),
+                            "size": self.entry.checkpoint_size, "quant": self.entry.quant,
+                            "revision": self.entry.revision}
+                           if self.entry is not None and self.entry.checkpoint else None),
         }
 
 
@@ -115,6 +134,7 @@ class PullResult:
     model: InstalledModel | None  # None for the bundled model
     download: DownloadResult | None = None
     notes: tuple[str, ...] = ()
+    checkpoint: CheckpointResult | None = None  # a checkpoint entry: its files, commit, where it was kept
 
 
 @dataclass(frozen=True)
@@ -201,8 +221,8 @@ class ModelManager:
         claimed_cache: set[Path] = set()
         for entry in self.catalog:
             inst = by_catalog.get(entry.name)
-            hf = None if entry.bundled else find_in_hf_cache(entry.repo or "", entry.filename or "", entry.revision,
-                                                              scanned=cached)
+            hf = None if entry.bundled or entry.checkpoint else find_in_hf_cache(
+                entry.repo or "", entry.filename or "", entry.revision, scanned=cached)
             if hf is not None:
                 claimed_cache.add(hf.path)
             notes: list[str] = []
@@ -226,6 +246,12 @@ class ModelManager:
                 path = None if entry.convert else hf.path
                 notes.append("found in the Hugging Face cache: pull uses it without downloading"
                              + (" (and converts it)" if entry.convert else ""))
+            elif entry.checkpoint:
+                partial = checkpoint_partial(self.models_dir, entry)
+                status = "partial" if partial is not None else "available"
+                if partial is not None and checkpoint_downloaded(self.models_dir, entry):
+                    notes.append("downloaded and verified; the conversion did not finish: pulling again converts "
+                                 "it without downloading")
             else:
                 partial = partials.get(entry.download_name)
                 status = "partial" if partial is not None else "available"
@@ -238,7 +264,7 @@ class ModelManager:
             rows.append(ModelRow(
                 name=entry.name, title=entry.title, description=entry.description, status=status, size=size,
                 size_exact=exact, entry=entry, installed=inst, hf_cache=hf, partial=partial, fit=fit, path=path,
-                needs_convert=entry.convert and status != "installed", notes=tuple(notes),
+                needs_convert=(entry.convert or entry.checkpoint) and status != "installed", notes=tuple(notes),
                 speed=self._speed(entry, path, fit, hw, profile, limit_s),
             ))
         if hw is not None:
@@ -270,14 +296,15 @@ class ModelManager:
 
     @staticmethod
     def _shape(entry: CatalogEntry | None, path: Path | None) -> ModelShape | None:
-        """The model's shape: from its file where it is on disk (exact), else from the catalog."""
-        typical = entry.typical_steps if entry is not None else None
+        """The model's shape: from its file where it is on disk (exact), else from the catalog; what
+        the catalog measured of the model in practice (typical steps, tokens a step or a canvas) either way."""
+        figures = typical_figures(entry)
         try:
             if path is not None:
                 header = read_gguf_header(path)
-                info = inspect_header(header)
+                info = inspect_header(header)  # block diffusion too: its block, steps and threshold
                 return shape_from_header(header, family=info.family, kv_memory=info.has_kv_memory,
-                                         sampler=info.defaults, typical_steps=typical)
+                                         sampler=info.defaults, **figures)
             if entry is not None:
                 return shape_from_entry(entry)
         except (DgchatError, ValueError):
@@ -323,10 +350,12 @@ class ModelManager:
 
     def pull(self, name: str, *, token: str | bool | None = None, progress: ProgressCallback | None = None,
              cancel: threading.Event | None = None, use_hf_cache: bool = True, retries: int = 5,
-             retry_delay: float = 1.0, timeout: float = 30.0) -> PullResult:
+             retry_delay: float = 1.0, timeout: float = 30.0, keep_checkpoint: bool = False) -> PullResult:
         """Install catalog entry `name`: already installed -> nothing; in the HF cache -> verified and used
         in place (no network); else downloaded (resuming a partial download) and verified; then
         converted when the entry needs it; registered last, so a failure never lists a half model.
+        A checkpoint entry (files = [...]) is downloaded file by file, converted and quantized
+        (dgchat.hub.checkpoint); `keep_checkpoint` keeps its files in <models>/checkpoints/ afterwards.
         Raises the errors of dgchat.hub.download.download_file, CatalogError for an unknown name, and
         the converter's ConvertError."""
         entry = self.catalog.get(name)
@@ -338,6 +367,9 @@ class ModelManager:
             if existing.path.exists():
                 return PullResult(path=existing.path, action="already installed", model=existing)
             self.registry.remove(existing.name)  # its file is gone: install afresh
+        if entry.checkpoint:
+            return self._pull_checkpoint(entry, token=token, progress=progress, cancel=cancel, retries=retries,
+                                         retry_delay=retry_delay, timeout=timeout, keep=keep_checkpoint)
         report = _Reporter(entry.installed_name, progress)
         if not entry.pinned:
             report.notes.append("the catalog pins no sha256 and commit for this model: the file is checked "
@@ -385,6 +417,45 @@ class ModelManager:
             marker.unlink(missing_ok=True)
         report("done", model.size, model.size)
         return PullResult(path=path, action="downloaded", model=model, download=download, notes=tuple(report.notes))
+
+    def _pull_checkpoint(self, entry: CatalogEntry, *, token: str | bool | None, progress: ProgressCallback | None,
+                         cancel: threading.Event, retries: int, retry_delay: float, timeout: float,
+                         keep: bool) -> PullResult:
+        """Download (resumable, verified per file), convert and quantize, register, then delete or keep
+        the checkpoint; all under the checkpoint's lock (dgchat.hub.checkpoint)."""
+        self.models_dir.mkdir(parents=True, exist_ok=True)
+        notes: list[str] = []
+        if not entry.pinned:
+            notes.append("the catalog pins no commit and sha256s for this checkpoint: each file is checked against "
+                         "the hash the hub reports for it")
+        job = CheckpointPull(entry, self.models_dir, token=token, endpoint=self.endpoint, progress=progress,
+                             cancel=cancel, retries=retries, retry_delay=retry_delay, timeout=timeout, keep=keep)
+        with job:
+            path = job.fetch_and_convert()
+            files = job.manifest["files"]
+            ways = ", ".join(sorted({str(f.get("verified_by")) for f in files.values()}))
+            commit = job.manifest.get("commit")
+            converted_from = {
+                "path": f"{entry.repo}@{commit or entry.revision}", "repo": entry.repo, "revision": entry.revision,
+                "commit": commit, "size": job.total, "quantized": entry.quant,
+                "files": {n: {"sha256": f["sha256"], "size": f["size"]} for n, f in files.items()},
+            }
+            model = self._register_file(
+                path, name=entry.name, source="download", owned=True, sha256=job.sha256 or sha256_file(path),
+                entry=entry, commit=commit,
+                verified_by=f"converted and quantized to {entry.quant} from a checkpoint whose {len(files)} files "
+                            f"were checked by {ways}", converted_from=converted_from, delete_bad=True)
+            result = job.finish()
+            if result.kept is not None:
+                model = self.registry.add(replace(model, converted_from={**converted_from, "path": str(result.kept)}),
+                                          replace=True)
+        notes.extend(job.notes)
+        if result.kept is not None:
+            notes.append(f"the checkpoint is kept in {result.kept}")
+        if progress is not None:
+            progress(Progress(phase="done", name=entry.installed_name, done=model.size, total=model.size))
+        return PullResult(path=path, action="downloaded", model=model, download=None, notes=tuple(notes),
+                          checkpoint=result)
 
     def _from_hf_cache(self, entry: CatalogEntry, cached: CachedGguf, report: _Reporter,
                        cancel: threading.Event) -> PullResult | None:
@@ -465,7 +536,9 @@ class ModelManager:
         if model is None and entry is not None:
             model = next((m for m in self.registry.all() if m.catalog == entry.name), None)
         partial_removed = False
-        if entry is not None:
+        if entry is not None and entry.checkpoint:
+            partial_removed = discard_checkpoint(self.models_dir, entry)
+        elif entry is not None:
             partial_removed = discard_partial(self.models_dir / entry.download_name)
             marker = paths.partial_dir(self.models_dir) / f"{entry.download_name}.verified.json"
             if marker.exists():

@@ -32,7 +32,15 @@ An answer of ANSWER_TOKENS tokens after a PROMPT_TOKENS prompt:
 - masked models (LLaDA, Dream, ...): per canvas of G tokens `steps` steps; without KV memory each step
   runs the whole sequence (prompt, earlier canvases, this canvas), with it (cache prefix) only the
   block after a full pass at each block's start.
-- `--ar` (DiffusionGemma): the prompt, then one encoder token at a time.
+- `--ar` (DiffusionGemma, block diffusion): the prompt, then one token at a time.
+- block diffusion (SDAR, BD3LM; docs/BLOCK_DIFFUSION.md): the prompt's whole blocks in one decode;
+  then per block of B tokens B / r steps (r: tokens a step commits, `block_tokens_per_step`), each a
+  decode of the block's B tokens against the KV cache of the prompt and the blocks before it
+  (context P + (k + 1) B for block k), the LM head only for the rows still masked (B, B - r,
+  B - 2r, ...); the first step of every block after the first also stores the finished block
+  before it (one decode of 2B tokens, engine-merged). ceil(256 / B) blocks.
+- answers that end early in a canvas (the bundled model): `canvas_tokens`, the tokens an answer
+  really gets per canvas (measured), makes a 256-token answer 256 / canvas_tokens canvases.
 """
 
 from __future__ import annotations
@@ -43,6 +51,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dgchat.hub.machine_profile import MATMUL_TYPES, WIDTHS, DeviceProfile, bytes_per_weight
+from dgchat.model_backend.errors import DgchatError
+from dgchat.model_backend.model_info import inspect_header
 
 if TYPE_CHECKING:
     from dgchat.hub.catalog import CatalogEntry
@@ -55,6 +65,35 @@ EXACT_SOFT_EMBEDDING_VOCAB = 65536  # model_backend.diffusion_gemma: above it a 
 SOFT_TOP_K = 256
 DEFAULT_LIMIT_S = 90.0  # config `answer_seconds_limit`: slower models are not recommended
 
+# -- what a denoising step really yields, until measured on real weights ---------------------------
+# Block diffusion: tokens a step commits at the published default settings. A catalog entry's
+# measured `typical_tokens_per_step` replaces the figure (`typical_figures`).
+#
+# SDAR's dynamic low-confidence rule (threshold 0.85, `block_diffusion_generate` in JetAstra/SDAR
+# generate.py): its README ("Experiments of Efficiency") says "SDAR delivers >2x speedup over static
+# inference with negligible accuracy loss", static being a fixed count a step: block_length /
+# denoising_steps = 4 / 4 = 1 token at the defaults. The figure it cites (README Figure 1,
+# assets/Performace_and_speed.svg, threshold sweep) plots for SDAR-1.7B-Chat at threshold 0.85 a
+# speed-up of 2.49x on MATH500 and 1.78x on HumanEval (4B: 2.59x, 2.30x; 8B: 2.56x, 3.17x). Taken:
+# 2 tokens a step, the README's ">2x" (between the 1.7B's two plotted values), times the static count.
+SDAR_DYNAMIC_SPEEDUP = 2.0
+# A static schedule (BD3LM: dllm examples/a2d/bd3lm/sample.py, steps 128 over max_new_tokens 128 in
+# blocks of 32 = 32 steps a 32-token block, `low_confidence` with a fixed count) commits exactly
+# block / steps tokens a step: 1 at BD3LM's defaults.
+#
+# Answers that end before their canvas is full: the tokens an answer really gets per canvas, by
+# catalog family (a catalog entry's `typical_answer_tokens` replaces it). The bundled model ("tiny",
+# 32-position canvases), measured with
+#   dgchat generate -m assets/dgchat-tiny-plays.gguf --threads 2 --seed S -p PROMPT --json
+#   dgchat generate -m assets/dgchat-tiny-plays.gguf --threads 2 --seed 0 --system SYSTEM -p LINE --json
+# on the wizard's test prompt ("Say hello and tell me, in one sentence, what you can do.") at seeds
+# 0-7 and the held-out prompts 0-7 of convert/default_model/word_validity (run twice: 455 and 475
+# tokens, 22 canvases and 517 steps both times; the engine's threads make a few answers differ),
+# then held-out prompts 8-23 (391 tokens, 19 canvases, 456 steps): 48 answers, 1321 tokens in 63
+# canvases and 1490 steps, i.e. 21.0 tokens and 23.65 steps a canvas; 40 of the 48 answers end in
+# their first canvas.
+TYPICAL_CANVAS_TOKENS: dict[str, float] = {"tiny": 21.0}
+
 
 # -- the shape ---------------------------------------------------------------------------------------
 
@@ -63,7 +102,7 @@ DEFAULT_LIMIT_S = 90.0  # config `answer_seconds_limit`: slower models are not r
 class ModelShape:
     """What a model's steps cost, independent of the machine. Weights are counted in matrix entries."""
 
-    family: str  # "diffusion_gemma" | "masked"
+    family: str  # "diffusion_gemma" | "masked" | "block_diffusion"
     n_layer: int
     n_embd: int
     n_vocab: int
@@ -79,6 +118,10 @@ class ModelShape:
     kv_memory: bool = True  # False: every step recomputes the whole sequence (llada, dream, rnd1 archs)
     sampler: dict[str, Any] = field(default_factory=dict)  # the model's defaults (steps, gen_length, ...)
     typical_steps: float | None = None  # measured steps per canvas, where known
+    # block diffusion: tokens a step commits (measured; None: the published figure, see
+    # block_tokens_per_step); the block size and steps per block are sampler["block_length"], ["steps"]
+    typical_tokens_per_step: float | None = None
+    canvas_tokens: float | None = None  # tokens an answer really gets per canvas (measured), where known
 
     @property
     def total_weights(self) -> int:
@@ -108,18 +151,63 @@ def _num(value: Any, default: int = 0) -> int:
 
 
 def shape_from_header(header: GgufHeader, *, family: str, kv_memory: bool, sampler: dict[str, Any],
-                      typical_steps: float | None = None) -> ModelShape:
+                      typical_steps: float | None = None, typical_tokens_per_step: float | None = None,
+                      canvas_tokens: float | None = None) -> ModelShape:
     """The exact shape of a GGUF from its tensor list: every matrix at its real storage type."""
     tensors = {name: (t.shape, t.type_name) for name, t in header.tensors.items()}
     keys = {k: header.arch_key(k) for k in ("embedding_length", "attention.head_count", "attention.key_length",
                                             "block_count", "expert_used_count")}
     keys["self_cond_inter"] = header.get("dgchat.diffusion_gemma.self_cond.intermediate_size")
     return shape_from_tensors(tensors, keys, family=family, kv_memory=kv_memory, sampler=sampler,
-                              typical_steps=typical_steps)
+                              typical_steps=typical_steps, typical_tokens_per_step=typical_tokens_per_step,
+                              canvas_tokens=canvas_tokens)
+
+
+BLOCK_DIFFUSION_FAMILY_KEY = "block-diffusion"  # `dgchat.family` of a block-diffusion GGUF
+
+
+def is_block_diffusion(header: GgufHeader) -> bool:
+    """A block-diffusion GGUF (SDAR, BD3LM: docs/BLOCK_DIFFUSION.md, "GGUF layout")."""
+    return header.get("dgchat.family") == BLOCK_DIFFUSION_FAMILY_KEY
+
+
+def block_diffusion_sampler(header: GgufHeader) -> dict[str, Any]:
+    """The sampler settings the prediction needs, from a block-diffusion GGUF's own keys: the block
+    size (`dgchat.engine.attention_block`), steps per block, the dynamic rule's threshold (absent:
+    a static schedule), the answer-length default and the variant."""
+    out: dict[str, Any] = {}
+    for key, name, typ in (("dgchat.engine.attention_block", "block_length", int), ("dgchat.steps", "steps", int),
+                           ("dgchat.threshold", "threshold", float),
+                           ("dgchat.block_diffusion.max_tokens", "max_tokens", int),
+                           ("dgchat.block_diffusion.variant", "variant", str)):
+        value = header.get(key)
+        if typ is str:
+            ok = isinstance(value, str)
+        else:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+        if ok:
+            out[name] = typ(value)
+    return out
+
+
+def block_diffusion_shape(header: GgufHeader, *, typical_tokens_per_step: float | None = None) -> ModelShape:
+    """A block-diffusion GGUF's shape with its sampler defaults as the engine resolves them
+    (model_info.inspect_header: the variant's published settings, the file's keys over them; the
+    file's own keys alone where it cannot be read as a model): what a bench passes to
+    predict_block_step_s, predict_prompt_s and predict_block_diffusion."""
+    try:
+        sampler = dict(inspect_header(header).defaults)
+    except DgchatError:
+        sampler = {}
+    sampler.update(block_diffusion_sampler(header))
+    return shape_from_header(header, family="block_diffusion", kv_memory=True, sampler=sampler,
+                             typical_tokens_per_step=typical_tokens_per_step)
 
 
 def shape_from_tensors(tensors: dict[str, tuple[tuple[int, ...], str]], keys: dict[str, Any], *, family: str,
-                       kv_memory: bool, sampler: dict[str, Any], typical_steps: float | None = None) -> ModelShape:
+                       kv_memory: bool, sampler: dict[str, Any], typical_steps: float | None = None,
+                       typical_tokens_per_step: float | None = None,
+                       canvas_tokens: float | None = None) -> ModelShape:
     """The shape from tensors (name -> (ggml shape, ggml type name)) and the architecture's keys
     (`embedding_length`, `attention.head_count`, `attention.key_length`, `block_count`,
     `expert_used_count`, `self_cond_inter`), as a GGUF header holds them."""
@@ -151,7 +239,7 @@ def shape_from_tensors(tensors: dict[str, tuple[tuple[int, ...], str]], keys: di
         n_head=n_head, head_dim=head_dim, dense=dense, output=output, expert=expert, ffn=ffn, n_expert=n_expert,
         n_expert_used=min(_num(keys.get("expert_used_count"), 0), n_expert) if n_expert else 0,
         self_cond_inter=_num(keys.get("self_cond_inter"), 0), kv_memory=kv_memory, sampler=dict(sampler),
-        typical_steps=typical_steps,
+        typical_steps=typical_steps, typical_tokens_per_step=typical_tokens_per_step, canvas_tokens=canvas_tokens,
     )
 
 
@@ -217,13 +305,41 @@ def shape_from_entry(entry: CatalogEntry) -> ModelShape:
     if a.n_expert:
         add(expert, bulk, a.n_layer * 2 * d * a.n_ff_expert)
         split(expert, a.n_layer * d * a.n_ff_expert)
-    family = "diffusion_gemma" if entry.family in ("diffusion_gemma", "tiny") else "masked"
+    family = shape_family(entry.family)
     return ModelShape(
         family=family, n_layer=a.n_layer, n_embd=d, n_vocab=a.n_vocab, n_head=a.n_head, head_dim=a.head_dim,
         dense=dense, output=(head_type, a.n_vocab * d), expert=expert, ffn=ffn, n_expert=a.n_expert,
-        n_expert_used=a.n_expert_used, self_cond_inter=a.self_cond_inter, kv_memory=family == "diffusion_gemma",
-        sampler=dict(entry.sampler), typical_steps=entry.typical_steps,
+        n_expert_used=a.n_expert_used, self_cond_inter=a.self_cond_inter,
+        kv_memory=family in ("diffusion_gemma", "block_diffusion"), sampler=dict(entry.sampler),
+        **typical_figures(entry),
     )
+
+
+def shape_family(catalog_family: str) -> str:
+    """The prediction's family for a catalog family: DiffusionGemma (and the bundled "tiny", one of
+    its kind), block diffusion, else a masked-diffusion model (LLaDA, Dream, ...)."""
+    if catalog_family in ("diffusion_gemma", "tiny"):
+        return "diffusion_gemma"
+    return "block_diffusion" if catalog_family == "block_diffusion" else "masked"
+
+
+def typical_figures(entry: CatalogEntry | None) -> dict[str, float | None]:
+    """What a catalog entry says its model does in practice (measured), else the defaults above:
+    `typical_steps` (steps a canvas), `typical_tokens_per_step` (block diffusion; None: the
+    published figure, `block_tokens_per_step`) and `canvas_tokens` (tokens an answer gets a canvas:
+    the entry's `typical_answer_tokens`, else TYPICAL_CANVAS_TOKENS by family). Fields a catalog
+    schema does not have yet read as absent."""
+    if entry is None:
+        return {"typical_steps": None, "typical_tokens_per_step": None, "canvas_tokens": None}
+
+    def number(name: str) -> float | None:
+        value = getattr(entry, name, None)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+        return float(value) if ok else None
+
+    canvas = number("typical_answer_tokens")
+    return {"typical_steps": number("typical_steps"), "typical_tokens_per_step": number("typical_tokens_per_step"),
+            "canvas_tokens": canvas if canvas is not None else TYPICAL_CANVAS_TOKENS.get(entry.family)}
 
 
 # -- the arithmetic ----------------------------------------------------------------------------------
@@ -274,9 +390,12 @@ class SpeedPrediction:
     canvas: int
     canvases: int
     seconds_per_answer: float  # ANSWER_TOKENS tokens after a PROMPT_TOKENS prompt
-    ar_seconds_per_answer: float | None = None  # `--ar` (DiffusionGemma)
+    ar_seconds_per_answer: float | None = None  # `--ar` (DiffusionGemma, block diffusion)
     prompt_tokens: int = PROMPT_TOKENS
     answer_tokens: int = ANSWER_TOKENS
+    prompt_seconds: float | None = None  # the prompt's decode (block diffusion)
+    tokens_per_step: float | None = None  # tokens a step commits (block diffusion: assumed or measured)
+    canvas_tokens: float | None = None  # tokens an answer gets a canvas, where fewer than the canvas
 
     @property
     def tokens_per_s(self) -> float:
@@ -297,6 +416,9 @@ class SpeedPrediction:
             "canvas": self.canvas, "canvases": self.canvases, "answer_tokens": self.answer_tokens,
             "prompt_tokens": self.prompt_tokens, "device": self.device, "device_name": self.device_name,
             "basis": self.basis,
+            "prompt_seconds": round(self.prompt_seconds, 5) if self.prompt_seconds is not None else None,
+            "tokens_per_step": round(self.tokens_per_step, 3) if self.tokens_per_step is not None else None,
+            "canvas_tokens": round(self.canvas_tokens, 2) if self.canvas_tokens is not None else None,
         }
 
     def per_answer(self) -> str:
@@ -343,8 +465,13 @@ def predict(shape: ModelShape, dev: DeviceProfile, *, prompt_tokens: int = PROMP
             answer_tokens: int = ANSWER_TOKENS, steps: float | None = None, device: str | None = None,
             device_name: str | None = None) -> SpeedPrediction:
     """The time of an `answer_tokens` answer after a `prompt_tokens` prompt on `dev`.
-    `steps` overrides the steps per canvas (default: the shape's typical count, else its limit)."""
+    `steps` overrides the steps per canvas (default: the shape's typical count, else its limit; block
+    diffusion: steps per block, default block / block_tokens_per_step)."""
     p, a = prompt_tokens, answer_tokens
+    if shape.family == "block_diffusion":  # `steps`: per block, B / tokens a step
+        r = block_size(shape) / steps if steps else None
+        return predict_block_diffusion(shape, dev, prompt_tokens=p, answer_tokens=a, tokens_per_step=r,
+                                       device=device, device_name=device_name)
     limit = _sampler_int(shape, "steps", 48 if shape.family == "diffusion_gemma" else 128)
     canvas = _sampler_int(shape, "gen_length", 256 if shape.family == "diffusion_gemma" else 128)
     per_canvas = float(steps if steps is not None else shape.typical_steps or limit)
@@ -352,13 +479,20 @@ def predict(shape: ModelShape, dev: DeviceProfile, *, prompt_tokens: int = PROMP
     total = 0.0
     first_step = 0.0
     ar = None
+    filled = None
     if shape.family == "diffusion_gemma":
         total += decode_seconds(shape, dev, p, ctx=p, rows=1)  # the encoder over the prompt
+        # answers that end early in a canvas spend its steps on fewer tokens: 256 / canvas_tokens
+        # canvases (the last one in part)
+        filled = min(shape.canvas_tokens, float(canvas)) if shape.canvas_tokens else None
+        canvases = a / filled if filled else float(n_canvas)
+        n_canvas = max(1, math.ceil(canvases - 1e-9))
         for k in range(n_canvas):
             ctx = p + (k + 1) * canvas
             step = decode_seconds(shape, dev, canvas, ctx=ctx, rows=canvas, head="dg")
             first_step = first_step or step
-            total += per_canvas * step + decode_seconds(shape, dev, canvas, ctx=ctx, rows=1)
+            share = min(1.0, canvases - k) if filled else 1.0
+            total += share * (per_canvas * step + decode_seconds(shape, dev, canvas, ctx=ctx, rows=1))
         ar = decode_seconds(shape, dev, p, ctx=p, rows=1) + a * decode_seconds(
             shape, dev, 1, ctx=p + a // 2, rows=1, head="stats")
     else:
@@ -380,7 +514,92 @@ def predict(shape: ModelShape, dev: DeviceProfile, *, prompt_tokens: int = PROMP
         seconds_per_step=first_step, steps_per_canvas=per_canvas,
         steps_are_limit=steps is None and shape.typical_steps is None and shape.family == "diffusion_gemma",
         canvas=canvas, canvases=n_canvas, seconds_per_answer=total, ar_seconds_per_answer=ar,
-        prompt_tokens=p, answer_tokens=a)
+        prompt_tokens=p, answer_tokens=a, canvas_tokens=filled)
+
+
+# -- block diffusion (SDAR, BD3LM) -------------------------------------------------------------------
+
+
+def block_size(shape: ModelShape) -> int:
+    """The block size B of a block-diffusion model (`block_length`: the file's
+    dgchat.engine.attention_block, the catalog's [models.sampler]); 4, SDAR's, when unknown."""
+    return _sampler_int(shape, "block_length", 4)
+
+
+def block_tokens_per_step(shape: ModelShape) -> float:
+    """Tokens a denoising step commits on average: the measured figure where there is one
+    (`typical_tokens_per_step`), else the published one for the sampler: with a confidence
+    threshold (SDAR's dynamic rule) SDAR_DYNAMIC_SPEEDUP x the static count, without (BD3LM) the
+    static count block / steps. Never fewer than the static count (the schedule's minimum a step)
+    nor more than the block."""
+    b = block_size(shape)
+    steps = _sampler_int(shape, "steps", b)
+    static = b / min(steps, b)
+    if shape.typical_tokens_per_step:
+        r = shape.typical_tokens_per_step
+    elif isinstance(shape.sampler.get("threshold"), (int, float)) and shape.sampler["threshold"] > 0:
+        r = SDAR_DYNAMIC_SPEEDUP * static
+    else:
+        r = static
+    return min(max(r, static), float(b))
+
+
+def block_step_plan(block: int, tokens_per_step: float) -> list[tuple[float, float]]:
+    """The steps of one block as (weight, rows asked for): block / r steps, the k-th with the
+    block's still-masked positions, block - k r (at least 1); a fractional last step is weighted
+    by its fraction. B = 4, r = 2: [(1, 4), (1, 2)]; B = 32, r = 1: 32 steps of 32, 31, ..., 1 rows."""
+    r = min(max(tokens_per_step, 1e-9), float(block))
+    n = block / r
+    plan = []
+    for k in range(max(1, math.ceil(n - 1e-9))):
+        plan.append((min(1.0, n - k), max(1.0, block - k * r)))
+    return plan
+
+
+def predict_block_step_s(shape: ModelShape, dev: DeviceProfile, n_tokens: int, n_ctx: int,
+                         n_out_rows: float) -> float:
+    """One block step: a decode of `n_tokens` tokens (B, or 2B for the first step of a block merged
+    with storing the block before it) attending to `n_ctx` positions (the prompt, the blocks
+    before, this block), the LM head and its statistics for `n_out_rows` rows (the masked ones)."""
+    return decode_seconds(shape, dev, n_tokens, ctx=n_ctx, rows=n_out_rows, head="stats")
+
+
+def predict_prompt_s(shape: ModelShape, dev: DeviceProfile, n_prompt: int) -> float:
+    """The prompt's whole blocks in one decode (no logits needed: the first block's step follows;
+    one row counted, as llama.cpp returns at least the last)."""
+    return decode_seconds(shape, dev, n_prompt, ctx=n_prompt, rows=1)
+
+
+def predict_ar_token_s(shape: ModelShape, dev: DeviceProfile, n_ctx: int) -> float:
+    """One left-to-right token (`--ar`): a decode of one token against `n_ctx` cached positions."""
+    return decode_seconds(shape, dev, 1, ctx=n_ctx, rows=1, head="stats")
+
+
+def predict_block_diffusion(shape: ModelShape, dev: DeviceProfile, *, prompt_tokens: int = PROMPT_TOKENS,
+                            answer_tokens: int = ANSWER_TOKENS, tokens_per_step: float | None = None,
+                            device: str | None = None, device_name: str | None = None) -> SpeedPrediction:
+    """A block-diffusion answer as the engine decodes it (docs/BLOCK_DIFFUSION.md): the prompt's
+    whole blocks in one decode, then ceil(answer / B) blocks of block_step_plan's steps, every
+    block after the first opening with one decode of 2B tokens (the finished block stored, the new
+    block's first step). `tokens_per_step` overrides block_tokens_per_step."""
+    p, a = prompt_tokens, answer_tokens
+    b = block_size(shape)
+    r = float(tokens_per_step) if tokens_per_step else block_tokens_per_step(shape)
+    plan = block_step_plan(b, r)
+    n_blocks = max(1, math.ceil(a / b))
+    prompt_s = predict_prompt_s(shape, dev, p)
+    total = prompt_s
+    for k in range(n_blocks):
+        ctx = p + (k + 1) * b
+        for j, (weight, rows) in enumerate(plan):
+            n = 2 * b if j == 0 and k > 0 else b
+            total += weight * predict_block_step_s(shape, dev, n, ctx, rows)
+    ar = prompt_s + a * predict_ar_token_s(shape, dev, p + a // 2)
+    return SpeedPrediction(
+        device=device or dev.kind, device_name=device_name or dev.name, basis=dev.basis,
+        seconds_per_step=predict_block_step_s(shape, dev, b, p + b, b), steps_per_canvas=sum(w for w, _ in plan),
+        steps_are_limit=False, canvas=b, canvases=n_blocks, seconds_per_answer=total, ar_seconds_per_answer=ar,
+        prompt_tokens=p, answer_tokens=a, prompt_seconds=prompt_s, tokens_per_step=min(r, float(b)))
 
 
 def predict_split(shape: ModelShape, gpu: DeviceProfile, cpu: DeviceProfile, on_gpu: float,
@@ -396,7 +615,10 @@ def predict_split(shape: ModelShape, gpu: DeviceProfile, cpu: DeviceProfile, on_
                            seconds_per_step=mix(g.seconds_per_step, c.seconds_per_step),
                            steps_per_canvas=c.steps_per_canvas, steps_are_limit=c.steps_are_limit, canvas=c.canvas,
                            canvases=c.canvases, seconds_per_answer=mix(g.seconds_per_answer, c.seconds_per_answer),
-                           ar_seconds_per_answer=ar, prompt_tokens=c.prompt_tokens, answer_tokens=c.answer_tokens)
+                           ar_seconds_per_answer=ar, prompt_tokens=c.prompt_tokens, answer_tokens=c.answer_tokens,
+                           prompt_seconds=(mix(g.prompt_seconds, c.prompt_seconds)
+                                           if g.prompt_seconds is not None else None),
+                           tokens_per_step=c.tokens_per_step, canvas_tokens=c.canvas_tokens)
 
 
 # -- GPUs this engine build cannot measure ---------------------------------------------------------

@@ -64,9 +64,10 @@ async def test_pull_pause_resume_verify_use_and_remove(env, hub):
         assert "8 CPU cores · 16.0 GiB RAM · 200.0 GiB free in ~/dgchat-home/data/models" in \
             str(screen.query_one("#models-hw").render())
         rows = {r.name: r for r in screen.rows}
-        # every catalog model this machine fits is too slow at the reference speed: the bundled one is recommended
+        # Dream is too slow at the reference speed, so it is not the one recommended (the block-diffusion
+        # models of issue 42 may be; the recommendation itself is tested in tests/hub and test_wizard_speed)
         assert rows[DREAM_NAME].status == "available" and not rows[DREAM_NAME].recommended
-        assert rows[DREAM_NAME].badge == "too slow here" and rows["dgchat-tiny-plays"].recommended
+        assert rows[DREAM_NAME].badge == "too slow here" and sum(r.recommended for r in rows.values()) == 1
         assert rows["dgchat-tiny-plays"].status == "bundled"
         table = screen.query_one("#models-table")
         marks = [str(table.get_row_at(i)[0]) for i in range(len(screen.rows))]
@@ -329,9 +330,12 @@ def _table_lines_up(table) -> None:
     for column, width in zip(table.columns.values(), widths):
         label = str(column.label)
         assert header[x + 1:x + 1 + len(label)] == label, (header, label)  # 1: the cell padding
-        for row in range(table.row_count):
+        for y in range(1, table.size.height):  # the rows on screen (the table scrolls past its max-height)
+            row = table.scroll_offset.y + y - 1
+            if row >= table.row_count:
+                break
             cell = str(table.get_row_at(row)[list(table.columns).index(column.key)])
-            line = table.render_line(row + 1).text
+            line = table.render_line(y).text
             assert line[x + 1:x + 1 + len(cell)] == cell, (line, cell)
         x += width
 

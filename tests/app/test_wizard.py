@@ -74,9 +74,8 @@ async def test_download_pause_resume_test_and_chat(env, hub, hf_home):
         await wait_for(pilot, lambda: wiz.step == "model" and wiz.choice is not None)
         assert load_hardware_overrides() == {"ram_total": 12 * GIB}
         assert wiz.hw.ram_total == 12 * GIB
-        # the recommendation is preselected: at the reference machine's speed every catalog model
-        # that fits answers too slowly, so it is the bundled model (always a choice)
-        assert wiz.choice.recommended and wiz.choice.name == "dgchat-tiny-plays"
+        # the recommendation is preselected (which model it is: tests/hub/test_fit.py, test_wizard_speed.py)
+        assert wiz.choice.recommended and [r.name for r in wiz.rows if r.recommended] == [wiz.choice.name]
         # Dream, chosen anyway, with its stated estimate and its predicted answer time
         await select_row(pilot, wiz, DREAM_NAME)
         detail = str(wiz.query_one("#model-detail").render())

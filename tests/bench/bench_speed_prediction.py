@@ -17,7 +17,20 @@ ratio checks the cost model, not a guess of how many steps a model takes. Rows:
   layers, a 256-token canvas of 4 steps and 64 `--ar` tokens each; then the 30-layer model: the
   two measurements extrapolated by layer count against the prediction for the 30-layer file;
 - a random-weight LLaDA-8B-shaped slice (2 layers, hidden 4096, MLP 12288, 126,464 tokens, q4_K
-  with a q6_K head), 4 steps over a 128-token canvas in blocks of 32.
+  with a q6_K head), 4 steps over a 128-token canvas in blocks of 32;
+- block diffusion (issue 42; `--block-only` runs just these): random-weight Qwen3 slices of both
+  block-diffusion shapes at llama-quantize's Q4_K_M mix (q4_K, q6_K for half the layers' attn_v and
+  ffn_down and the tied 151,936 x d embedding/head), 2 and 4 layers: Qwen3-1.7B (SDAR, blocks of 4)
+  and Qwen3-0.6B (BD3LM, blocks of 32). llama.cpp's own decodes, shaped as the engine decodes a
+  block (docs/BLOCK_DIFFUSION.md): the 64-token prompt; a block step of B tokens against the cached
+  prompt asking for the B masked rows; the merged store + first step (2B tokens, B rows); a late step
+  (B tokens, few rows); one `--ar` token; then a whole 256-token answer at 1, 2 and 4 tokens a step
+  (decode by decode: prompt, per block its steps, the finished block stored with the next block's
+  first step). Each row against dgchat.hub.speed.predict_block_step_s / predict_block_diffusion for
+  the same decode; the 28-layer model's figures extrapolated from the 2- and 4-layer slices by layer
+  count against the prediction for the 28-layer shape. The attention mask does not change the cost
+  of a decode, so these need no block-diffusion engine; the engine's own runs (its sampler, Python
+  side) are the lead bench's.
 
 Target (issue 29): predicted / measured within 0.5-2x on every row. Files are written once into
 --work and reused (the 4-layer slice is ~2.7 GB).
@@ -41,7 +54,18 @@ sys.path.insert(0, str(HERE))
 
 from bench_dg_fullshape import make_prompt  # noqa: E402
 from dgchat.hub.machine_profile import cached_profile, ensure_profile, write_probe  # noqa: E402
-from dgchat.hub.speed import predict, shape_from_header, shape_from_tensors  # noqa: E402
+from dgchat.hub.speed import (  # noqa: E402
+    TYPICAL_CANVAS_TOKENS,
+    block_step_plan,
+    predict,
+    predict_ar_token_s,
+    predict_block_diffusion,
+    predict_block_step_s,
+    predict_prompt_s,
+    shape_from_header,
+    shape_from_tensors,
+)
+from dgchat.hub.util import llamacpp_module  # noqa: E402
 from dgchat.model_backend.engine import DiffusionEngine  # noqa: E402
 from dgchat.model_backend.loader import load_engine  # noqa: E402
 from dgchat.model_backend.events import FinalEvent  # noqa: E402
@@ -138,8 +162,8 @@ def trained_rows(table: Table, dev, path: Path, name: str, args, *, typical_step
             rounds.append(measured)
         measured = min(rounds)
         table.add(name, f"{len(prompts)} answers at its defaults ({steps} steps)", measured, predicted)
-        if typical_steps is not None:
-            before = predict(shape, dev).tokens_per_s
+        if typical_steps is not None:  # the wizard's figure: 256 tokens at the tokens its answers get a canvas
+            before = predict(replace(shape, canvas_tokens=TYPICAL_CANVAS_TOKENS["tiny"]), dev).tokens_per_s
             table.add(name, "tok/s: wizard's prediction vs these runs", tokens / measured, before, unit="tok/s")
 
 
@@ -202,6 +226,220 @@ def llada_rows(table: Table, dev, args) -> None:
                   seconds, predicted_run(shape, dev, final, params))
 
 
+# -- block diffusion: Qwen3-shaped slices, decoded as the engine decodes a block ---------------------
+
+BLOCK_SHAPES = {  # name: (n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, block)
+    "Qwen3-1.7B (SDAR)": (28, 2048, 16, 8, 128, 6144, 151936, 4),
+    "Qwen3-0.6B (BD3LM)": (28, 1024, 16, 8, 128, 3072, 151936, 32),
+}
+PROMPT = 64
+
+
+def qwen3_tensors(shape: tuple, n_layer: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The tensor list (ggml shapes: [n_in, n_out]) of a Qwen3 model of `n_layer` layers at
+    llama-quantize's Q4_K_M mix: q4_K, q6_K for attn_v and ffn_down in every other layer (about
+    half, as use_more_bits gives them), the tied token embedding (the LM head) q6_K."""
+    _, d, h, kv, hd, ff, vocab, _ = shape
+    out: dict[str, tuple[tuple[int, ...], str]] = {"token_embd.weight": ((d, vocab), "Q6_K")}
+    for i in range(n_layer):
+        more = "Q6_K" if i % 2 == 0 else "Q4_K"
+        out.update({f"blk.{i}.attn_q.weight": ((d, h * hd), "Q4_K"), f"blk.{i}.attn_k.weight": ((d, kv * hd), "Q4_K"),
+                    f"blk.{i}.attn_v.weight": ((d, kv * hd), more), f"blk.{i}.attn_output.weight": ((h * hd, d), "Q4_K"),
+                    f"blk.{i}.ffn_gate.weight": ((d, ff), "Q4_K"), f"blk.{i}.ffn_up.weight": ((d, ff), "Q4_K"),
+                    f"blk.{i}.ffn_down.weight": ((ff, d), more)})
+    return out
+
+
+def block_shape(shape: tuple, n_layer: int, tokens_per_step: float | None = None):
+    _, d, h, _, hd, _, _, block = shape
+    tensors = {k: (v[0], v[1]) for k, v in qwen3_tensors(shape, n_layer).items()}
+    keys = {"embedding_length": d, "attention.head_count": h, "attention.key_length": hd, "block_count": n_layer}
+    sampler = {"block_length": block, "steps": max(4, block)}
+    return shape_from_tensors(tensors, keys, family="block_diffusion", kv_memory=True, sampler=sampler,
+                              typical_tokens_per_step=tokens_per_step)
+
+
+def write_qwen3_slice(path: Path, shape: tuple, n_layer: int) -> Path:
+    """A random-weight Qwen3 GGUF (stock llama.cpp `qwen3`): only shapes and storage types are real."""
+    import gguf
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    from dgchat.convert.random_blocks import random_tensor_bytes
+
+    _, d, h, kv, hd, ff, vocab, _ = shape
+    rng = np.random.default_rng(0)
+    w = gguf.GGUFWriter(str(path), "qwen3")
+    w.add_name(f"random qwen3 d{d} L{n_layer}")
+    w.add_context_length(4096)
+    w.add_embedding_length(d)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(h)
+    w.add_head_count_kv(kv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1e6)
+    w.add_vocab_size(vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(["a", "b", "ab", *(f"<p{i}>" for i in range(3, vocab))])
+    w.add_token_types([1] * vocab)
+    w.add_token_merges(["a b"])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+    ones = lambda n: np.ones(n, dtype=np.float32)  # noqa: E731
+    w.add_tensor("output_norm.weight", ones(d))
+    for name, ((n_in, n_out), type_name) in qwen3_tensors(shape, n_layer).items():
+        qt = GGMLQuantizationType[type_name]
+        block, size = GGML_QUANT_SIZES[qt]
+        data = random_tensor_bytes(rng, qt, n_in * n_out).reshape(n_out, n_in // block * size)
+        w.add_tensor(name, data, raw_dtype=qt)
+    for i in range(n_layer):
+        for norm, n in (("attn_norm", d), ("ffn_norm", d), ("attn_q_norm", hd), ("attn_k_norm", hd)):
+            w.add_tensor(f"blk.{i}.{norm}.weight", ones(n))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+class BlockRunner:
+    """llama.cpp decodes on one slice: the prompt cached once, steps decoded after it and removed."""
+
+    def __init__(self, path: Path, threads: int | None, max_tokens: int) -> None:
+        llamacpp = llamacpp_module()
+        self.model = llamacpp.LlamaModel(path, n_gpu_layers=0)
+        self.ctx = llamacpp.LlamaContext(self.model, n_ctx=1024, max_tokens=max_tokens, n_threads=threads)
+        self.tokens = (np.arange(1024) % 5000 + 3).astype(np.int32)
+
+    def close(self) -> None:
+        self.ctx.close()
+        self.model.close()
+
+    def decode(self, start: int, n: int, rows: int) -> None:
+        """n tokens at positions start.., the last `rows` rows' logits asked for (the masked ones)."""
+        self.ctx.decode_tokens(self.tokens[start:start + n], np.arange(start, start + n, dtype=np.int32),
+                               outputs=np.arange(n - max(rows, 1), n))
+
+    def prompt(self) -> None:
+        self.ctx.clear()
+        self.decode(0, PROMPT, 1)
+
+    def step(self, n: int, rows: int, reps: int) -> float:
+        """The fastest of `reps` decodes of n tokens after the cached prompt (removed after each)."""
+        self.prompt()
+        best = float("inf")
+        for _ in range(reps + 1):  # the first is a warm-up
+            t0 = time.perf_counter()
+            self.decode(PROMPT, n, rows)
+            took = time.perf_counter() - t0
+            self.ctx.seq_rm(0, PROMPT)
+            best = min(best, took) if _ else best
+        return best
+
+    def prompt_time(self, reps: int) -> float:
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            self.prompt()
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    def answer(self, block: int, tokens_per_step: float, answer: int = 256) -> float:
+        """A whole answer decode by decode, as the engine runs it: the prompt; per block its steps
+        (block_step_plan's rows), the first of every block after the first also storing the block
+        before it (2B tokens: those cells kept), the others' cells removed after each step."""
+        plan = block_step_plan(block, tokens_per_step)
+        steps = [rows for weight, rows in plan for _ in range(1 if weight >= 0.5 else 0)]
+        t0 = time.perf_counter()
+        self.prompt()
+        for k in range(math.ceil(answer / block)):
+            start = PROMPT + k * block
+            for j, rows in enumerate(steps):
+                if j == 0 and k > 0:  # store block k-1, first step of block k
+                    self.decode(start - block, 2 * block, int(rows))
+                    self.ctx.seq_rm(0, start)
+                else:
+                    self.decode(start, block, int(rows))
+                    self.ctx.seq_rm(0, start)
+        return time.perf_counter() - t0
+
+
+def block_rows(table: Table, dev, args) -> None:
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    layers = tuple(sorted({int(x) for x in args.block_layers.split(",")}))
+    for name, shape in BLOCK_SHAPES.items():
+        block = shape[7]
+        rates = (1.0, 2.0, 4.0) if block == 4 else (1.0,)
+        measured: dict[int, dict[str, float]] = {}
+        for n_layer in layers:
+            path = work / f"qwen3-d{shape[1]}-L{n_layer}-q4_k_m.gguf"
+            if not path.exists():
+                print(f"  writing {path} ...", flush=True)
+                write_qwen3_slice(path, shape, n_layer)
+            run = BlockRunner(path, args.threads, max_tokens=max(PROMPT, 2 * block))
+            try:
+                sl = block_shape(shape, n_layer)
+                late = 2 if block == 4 else block // 2
+                cases = {  # what: (n tokens, rows, context)
+                    f"block step: {block} tokens, {block} rows": (block, block, PROMPT + block),
+                    f"store + first step: {2 * block} tokens, {block} rows": (2 * block, block, PROMPT + 2 * block),
+                    f"late step: {block} tokens, {late} rows": (block, late, PROMPT + block),
+                    "--ar token: 1 token, 1 row": (1, 1, PROMPT + 1),
+                }
+                m: dict[str, float] = {"prompt": run.prompt_time(args.rounds + 2)}
+                label = f"{name}, {n_layer} layers (random{', full shape' if n_layer == shape[0] else ''})"
+                table.add(label, f"prompt: {PROMPT} tokens", m["prompt"], predict_prompt_s(sl, dev, PROMPT))
+                for what, (n, rows, n_ctx) in cases.items():
+                    m[what] = run.step(n, rows, reps=args.rounds + 2)
+                    table.add(label, what, m[what], predict_block_step_s(sl, dev, n, n_ctx, rows))
+                for r in rates:
+                    what = f"256-token answer at {r:g} tokens a step"
+                    m[what] = min(run.answer(block, r) for _ in range(max(1, args.rounds - 1)))
+                    table.add(label, what, m[what], predict_block_diffusion(block_shape(shape, n_layer, r), dev)
+                              .seconds_per_answer)
+            finally:
+                run.close()
+            measured[n_layer] = m
+        full = shape[0]
+        slices = [n for n in layers if n < full]
+        if len(slices) < 2:  # the full-shape file ran itself (or too few slices to extrapolate from)
+            if full in measured:
+                m = measured[full]
+                for r in rates:
+                    value = m[f"256-token answer at {r:g} tokens a step"]
+                    pred = predict_block_diffusion(block_shape(shape, full, r), dev).seconds_per_answer
+                    table.add(f"{name}, {full} layers", f"tok/s at {r:g} tokens a step", 256 / value, 256 / pred,
+                              unit="tok/s")
+                table.add(f"{name}, {full} layers", "--ar tok/s (one token after the prompt)",
+                          1 / m["--ar token: 1 token, 1 row"],
+                          1 / predict_block_step_s(block_shape(shape, full), dev, 1, PROMPT + 1, 1), unit="tok/s")
+            continue
+        a, b = slices[:2]
+        label = f"{name}, {full} layers (extrapolated from {a} and {b})"
+        for what in measured[a]:
+            per_layer = (measured[b][what] - measured[a][what]) / (b - a)
+            value = measured[a][what] + (full - a) * per_layer
+            if what == "prompt":
+                pred = predict_prompt_s(block_shape(shape, full), dev, PROMPT)
+            elif what.startswith("256-token"):
+                r = float(what.split(" at ")[1].split(" ")[0])
+                pred = predict_block_diffusion(block_shape(shape, full, r), dev).seconds_per_answer
+                table.add(label, f"tok/s at {r:g} tokens a step", 256 / value, 256 / pred, unit="tok/s")
+                continue
+            else:
+                n, rows, n_ctx = next(v for k, v in cases.items() if k == what)
+                pred = predict_block_step_s(block_shape(shape, full), dev, n, n_ctx, rows)
+            table.add(label, what, value, pred)
+        ar = measured[a]["--ar token: 1 token, 1 row"] + (full - a) * (
+            measured[b]["--ar token: 1 token, 1 row"] - measured[a]["--ar token: 1 token, 1 row"]) / (b - a)
+        table.add(label, "--ar tok/s (one token against ~192 positions)", 1 / ar,
+                  1 / predict_ar_token_s(block_shape(shape, full), dev, PROMPT + 128), unit="tok/s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=None)
@@ -211,6 +449,12 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3, help="runs of each measurement; the fastest counts")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--block-only", action="store_true",
+                    help="only the block-diffusion rows (random-weight Qwen3 slices, llama.cpp's decodes)")
+    ap.add_argument("--block-layers", default="2,4", metavar="N,N",
+                    help="layer counts of the block-diffusion files: two slices are extrapolated to 28 layers, "
+                    "28 runs the full shape itself (~1.1 GB and ~0.4 GB files; on a shared machine the slices' "
+                    "per-layer difference drowns in noise)")
     args = ap.parse_args()
     t0 = time.perf_counter()
     profile = None if args.remeasure else cached_profile(args.threads)
@@ -220,11 +464,14 @@ def main() -> None:
     dev = profile.cpu
     print(f"profile: {dev.name}, {profile.threads} threads, measured {profile.measured_at} in {profile.seconds:.1f} s")
     table = Table()
-    trained_rows(table, dev, BUNDLED, "bundled dgchat-tiny-plays (trained)", args, typical_steps=23)
-    trained_rows(table, dev, MASKED, "masked sibling (trained)", args, typical_steps=None)
-    if not args.skip_fullshape:
-        fullshape_rows(table, dev, args)
-        llada_rows(table, dev, args)
+    if not args.block_only:
+        trained_rows(table, dev, BUNDLED, "bundled dgchat-tiny-plays (trained)", args, typical_steps=23)
+        trained_rows(table, dev, MASKED, "masked sibling (trained)", args, typical_steps=None)
+        if not args.skip_fullshape:
+            fullshape_rows(table, dev, args)
+            llada_rows(table, dev, args)
+    if args.block_only or not args.skip_fullshape:
+        block_rows(table, dev, args)
     print()
     print(table.markdown())
     worst = max((max(r["ratio"], 1 / r["ratio"]) for r in table.rows if math.isfinite(r["ratio"])), default=1.0)

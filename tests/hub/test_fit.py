@@ -100,9 +100,10 @@ def test_recommendation() -> None:
     # the same GPU with too little RAM for the Q8_0: the Q4_K_M is simply the strongest that fits
     rec = recommend(cat, machine(ram_gib=24, vram_gib=24))
     assert rec.entry.name == "diffusiongemma-26b-a4b-q4_k_m" and "preferred for speed" not in rec.reason
-    # 8 GB GPU: a 7-8B Q4 in VRAM beats a 26B from RAM, and the reason says it is for speed
+    # 8 GB GPU: a 7-8B Q4 in VRAM (SDAR 8B, rank 78, above Dream's 60) beats a 26B from RAM, and the
+    # reason says it is for speed
     rec = recommend(cat, machine(ram_gib=64, vram_gib=8))
-    assert rec.entry.name == "dream-v0-instruct-7b-q4_k_m" and rec.estimate.fit is Fit.VRAM
+    assert rec.entry.name == "sdar-8b-chat-q4_k_m" and rec.estimate.fit is Fit.VRAM
     assert "preferred for speed over DiffusionGemma 26B-A4B it, Q8_0, which is stronger but would run from RAM" \
         in rec.reason
     # CPU only, 23.5 GiB (20.0 GiB usable): DiffusionGemma Q4 needs 18.4 GiB, so it fits and,
@@ -111,19 +112,38 @@ def test_recommendation() -> None:
     assert rec.entry.name == "diffusiongemma-26b-a4b-q4_k_m" and rec.estimate.fit is Fit.RAM
     assert rec.reason == ("the strongest model that fits in RAM (it needs 18.4 GiB of the 20.0 GiB usable: "
                           "85% of the RAM, the rest stays free for the system)")
-    # CPU only, 20 GiB (17.0 usable): the Q4 does not fit, Dream (rank 60) is the strongest that does
-    assert recommend(cat, machine(ram_gib=20, offload=False)).entry.name == "dream-v0-instruct-7b-q4_k_m"
+    # CPU only, 20 GiB (17.0 usable): the Q4 does not fit, SDAR 8B (rank 78) is the strongest that does
+    assert recommend(cat, machine(ram_gib=20, offload=False)).entry.name == "sdar-8b-chat-q4_k_m"
+    # ... and with SDAR 8B set aside, Dream (rank 60) is the strongest of the GGUF entries there
+    from dgchat.hub.catalog import Catalog
+
+    no_sdar = Catalog(tuple(e for e in cat if e.family != "block_diffusion"), cat.path)
+    assert recommend(no_sdar, machine(ram_gib=20, offload=False)).entry.name == "dream-v0-instruct-7b-q4_k_m"
     assert recommend(cat, machine(ram_gib=40, offload=False)).entry.name == "diffusiongemma-26b-a4b-q8_0"
+    # 4 GiB of RAM: a real chat model fits now, SDAR 1.7B at Q8_0 (3.0 GiB of the 3.4 GiB usable)
+    assert recommend(cat, machine(ram_gib=4, offload=False)).entry.name == "sdar-1.7b-chat-q8_0"
     # too little of everything: the bundled model, always
-    rec = recommend(cat, machine(ram_gib=4, offload=False))
+    rec = recommend(cat, machine(ram_gib=1, offload=False))
     assert rec.entry.bundled and "bundled model always works" in rec.reason
     rec = recommend(cat, machine(ram_gib=None, offload=False))
     assert rec.entry.bundled and "RAM is unknown" in rec.reason
-    # no room on disk for any download
+    # no room on disk for any download (the smallest checkpoint needs ~2.8 GB with its conversion)
     assert recommend(cat, machine(ram_gib=64, vram_gib=24, disk_gib=2)).entry.bundled
     # ... unless it is already here
     rec = recommend(cat, machine(ram_gib=64, vram_gib=24, disk_gib=2), on_disk={"llada-8b-instruct-q4_k_m"})
     assert rec.entry.name == "llada-8b-instruct-q4_k_m"
+
+
+def test_a_checkpoint_needs_disk_for_itself_its_conversion_and_the_result() -> None:
+    sdar = load_catalog().get("sdar-1.7b-chat-q4_k_m")
+    est = estimate_entry(sdar, machine(ram_gib=16, disk_gib=9.5))
+    # the bf16 checkpoint, the unquantized GGUF written from it, and the Q4_K_M file, all at once
+    assert est.disk_need == 2 * sdar.checkpoint_size + sdar.size and est.disk_ok is True
+    assert est.weights == sdar.size  # memory: the GGUF that runs, not the checkpoint
+    assert estimate_entry(sdar, machine(ram_gib=16, disk_gib=8.5)).disk_ok is False
+    assert estimate_entry(sdar, machine(ram_gib=16, disk_gib=5)).disk_ok is False  # the checkpoint alone fits
+    assert "the download needs 8.8 GiB of disk" in estimate_entry(sdar, machine(ram_gib=16, disk_gib=5)).reason
+    assert estimate_entry(sdar, machine(ram_gib=16, disk_gib=5), on_disk=True).disk_need == 0
 
 
 def test_bundled_entry_is_always_on_disk() -> None:

@@ -228,7 +228,7 @@ def test_corrupt_hf_cache_copy_is_not_used(mgr: ModelManager, hub, hf_home: Path
 def test_listing_and_recommendation(mgr: ModelManager) -> None:
     rows = mgr.listing(HW)
     names = [r.name for r in rows]
-    assert names[:6] == [e.name for e in mgr.catalog]
+    assert names[:len(mgr.catalog)] == [e.name for e in mgr.catalog]
     assert sum(r.recommended for r in rows) == 1
     rec = mgr.recommend(HW)
     assert next(r for r in rows if r.recommended).name == rec.entry.name

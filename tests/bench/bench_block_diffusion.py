@@ -14,7 +14,8 @@ and prints, from one loaded engine per file, side by side:
 - the same file decoded left to right by dgchat (`--ar`: causal attention, the head's argmax), and
   by a bare llama.cpp loop (one llama_decode a token, logits of the last row, numpy argmax: no
   dgchat sampler) — the ratio of each block-diffusion tokens/s to both;
-- the speed prediction (dgchat.hub.speed) next to each measured number, and its ratio.
+- the speed prediction (dgchat.hub.speed, on this machine's profile for the engine build and thread
+  count: measured first when there is none) next to each number, and measured / predicted.
 
 Every configuration is warmed up once (graph allocation, page faults), then measured `--runs` times
 (the median is printed). Random weights: tokens per step are forced through the step count, which is
@@ -38,7 +39,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dgchat.hub import machine_profile, speed  # noqa: E402
 from dgchat.model_backend.block_diffusion import BlockDiffusionEngine  # noqa: E402
+from dgchat.model_backend.gguf_file import read_gguf_header  # noqa: E402
 from dgchat.model_backend.block_source import BlockLlamaSource  # noqa: E402
 from dgchat.model_backend.events import FinalEvent  # noqa: E402
 from dgchat.model_backend.loader import load_engine  # noqa: E402
@@ -160,11 +163,29 @@ def time_llama_ar(engine: BlockDiffusionEngine, prompt: np.ndarray, n: int, runs
     return statistics.median(rates)
 
 
-def run_file(path: Path, args: argparse.Namespace) -> FileResult:
+def predictions(path: Path, res: FileResult, args: argparse.Namespace, dev) -> None:
+    """dgchat.hub.speed's figures for every measured number (the machine profile of this engine
+    build and thread count: measured first if there is none)."""
+    shape = speed.block_diffusion_shape(read_gguf_header(path))
+    B, P, A = res.block, args.prompt_tokens, args.answer_tokens
+    for n in (P, 4 * P):
+        res.predicted[f"prompt {n}"] = speed.predict_prompt_s(shape, dev, (n // B) * B)
+    for ctx_tokens in (P, P + A):
+        c = (ctx_tokens // B) * B
+        res.predicted[f"block@{ctx_tokens}"] = speed.predict_block_step_s(shape, dev, B, c + B, B)
+        res.predicted[f"merged@{ctx_tokens}"] = speed.predict_block_step_s(shape, dev, 2 * B, c + B, B)
+    for per_step in (1, 2, 4):
+        p = speed.predict_block_diffusion(shape, dev, prompt_tokens=P, answer_tokens=A, tokens_per_step=per_step)
+        res.predicted[f"{per_step} tok/step"] = A / (p.seconds_per_answer - p.prompt_seconds)
+    res.predicted["ar"] = 1.0 / speed.predict_ar_token_s(shape, dev, P + A // 2)
+
+
+def run_file(path: Path, args: argparse.Namespace, dev) -> FileResult:
     engine = load_engine(path, n_threads=args.threads)
     assert isinstance(engine, BlockDiffusionEngine), f"{path} is not a block-diffusion model"
     B = engine.block_size
     res = FileResult(path.name, engine.variant, B, args.threads or 0)
+    predictions(path, res, args, dev)
     for n in (args.prompt_tokens, 4 * args.prompt_tokens):
         res.prompt_s[n] = time_prompt(engine, n, args.runs)
         print(f"  prompt {n}: {res.prompt_s[n]:.3f} s", flush=True)
@@ -189,19 +210,29 @@ def run_file(path: Path, args: argparse.Namespace) -> FileResult:
     return res
 
 
+def _vs(measured: float, predicted: float | None, *, rate: bool = False) -> str:
+    """'predicted X, measured/predicted R' (for a rate, predicted/measured: >1 means optimistic)."""
+    if not predicted:
+        return ""
+    ratio = measured / predicted
+    return f"   predicted {predicted:8.3f}, measured/predicted {ratio:4.2f}"
+
+
 def table(results: list[FileResult]) -> str:
     lines = []
     for r in results:
         lines.append(f"{r.model} ({r.variant}, blocks of {r.block}, threads {r.threads or 'all'})")
         for n, s in r.prompt_s.items():
-            lines.append(f"  prompt {n:4d} tokens          {s:8.3f} s   ({n / s:7.1f} tok/s)")
+            lines.append(f"  prompt {n:4d} tokens          {s:8.3f} s  ({n / s:6.1f} tok/s)"
+                         + _vs(s, r.predicted.get(f"prompt {n}")))
         for key, s in r.step_s.items():
-            lines.append(f"  {key:24s}  {1000 * s:8.1f} ms")
+            lines.append(f"  step {key:22s} {s:8.3f} s" + _vs(s, r.predicted.get(key)))
         for k, rate in r.answer_tok_s.items():
-            lines.append(f"  block diffusion, {k} tok/step  {rate:8.2f} tok/s   x{rate / r.ar_tok_s:.2f} of --ar, "
-                         f"x{rate / r.llama_ar_tok_s:.2f} of llama.cpp AR   ({r.answer_steps[k]} steps)")
-        lines.append(f"  dgchat --ar                 {r.ar_tok_s:8.2f} tok/s")
-        lines.append(f"  llama.cpp AR loop           {r.llama_ar_tok_s:8.2f} tok/s")
+            lines.append(f"  block diffusion, {k} tok/step  {rate:6.2f} tok/s  x{rate / r.ar_tok_s:.2f} of --ar, "
+                         f"x{rate / r.llama_ar_tok_s:.2f} of llama.cpp AR ({r.answer_steps[k]} steps)"
+                         + _vs(rate, r.predicted.get(f"{k} tok/step")))
+        lines.append(f"  dgchat --ar                 {r.ar_tok_s:6.2f} tok/s" + _vs(r.ar_tok_s, r.predicted.get("ar")))
+        lines.append(f"  llama.cpp AR loop           {r.llama_ar_tok_s:6.2f} tok/s")
     return "\n".join(lines)
 
 
@@ -214,10 +245,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--answer-tokens", type=int, default=ANSWER_TOKENS)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    profile = machine_profile.ensure_profile(args.threads)
+    print(f"machine profile: {profile.measured_at}, {profile.threads} threads", flush=True)
     results = []
     for path in args.models:
         print(f"{path} ...", flush=True)
-        results.append(run_file(path, args))
+        results.append(run_file(path, args, profile.cpu))
     print()
     print(table(results))
     if args.json:

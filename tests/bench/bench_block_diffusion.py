@@ -6,8 +6,8 @@ and prints, from one loaded engine per file, side by side:
 
 - the prompt: seconds for a chat prompt's whole blocks in one decode (PROMPT_TOKENS and 4x that);
 - a block step: seconds for one decode of a block (B tokens, every position asking for logits)
-  against a cache of N tokens, and of the merged pass (the finished block stored + the next block's
-  first step: 2B tokens);
+  against a cache of N tokens, of the merged pass (the finished block stored + the next block's
+  first step: 2B tokens), and of the store pass alone (what merging saves);
 - answers of ANSWER tokens at 1, 2 and 4 tokens committed per step (steps per block = B, B/2, B/4
   with the dynamic threshold off, early stop off: random weights would stop anywhere), tokens/s
   counted from the first answer step (the prompt excluded; listed separately);
@@ -125,6 +125,26 @@ def time_block_step(engine: BlockDiffusionEngine, ctx_tokens: int, merged: bool,
     return median_time(once, runs)
 
 
+def time_store(engine: BlockDiffusionEngine, ctx_tokens: int, runs: int) -> float:
+    """A finished block's store pass on its own (B tokens appended, no logits) after ctx_tokens - B
+    cached tokens: what merging it into the next block's first step saves."""
+    B = engine.block_size
+    ctx_tokens = (ctx_tokens // B) * B
+    cached = chat_prompt(engine, ctx_tokens)
+    source = BlockLlamaSource(engine, 1, ctx_tokens + 4 * B, on_backend=False)
+    stored_end = ctx_tokens - B
+    source.answer([(0, EncodeRequest(cached[:stored_end], np.arange(stored_end, dtype=np.int32),
+                                     np.empty(0, np.int64)))])
+    block = (cached[stored_end:], np.arange(stored_end, ctx_tokens, dtype=np.int32))
+
+    def once() -> None:
+        source.answer([(0, EncodeRequest(block[0], block[1], np.empty(0, np.int64)))])
+        source.ctx.seq_rm(0, stored_end)
+
+    once()
+    return median_time(once, runs)
+
+
 def time_answer(engine: BlockDiffusionEngine, prompt: np.ndarray, params: DiffusionParams,
                 runs: int) -> tuple[float, int]:
     """Decode tokens/s of one answer (its time without the prompt's pass) and its steps (median run)."""
@@ -194,6 +214,7 @@ def run_file(path: Path, args: argparse.Namespace, dev) -> FileResult:
             key = f"{'merged' if merged else 'block'}@{ctx_tokens}"
             res.step_s[key] = time_block_step(engine, ctx_tokens, merged, args.runs)
             print(f"  step {key}: {1000 * res.step_s[key]:.1f} ms", flush=True)
+        res.step_s[f"store@{ctx_tokens}"] = time_store(engine, ctx_tokens, args.runs)
     prompt = chat_prompt(engine, args.prompt_tokens)
     for per_step in (1, 2, 4):
         steps = max(1, B // per_step)
@@ -227,6 +248,10 @@ def table(results: list[FileResult]) -> str:
                          + _vs(s, r.predicted.get(f"prompt {n}")))
         for key, s in r.step_s.items():
             lines.append(f"  step {key:22s} {s:8.3f} s" + _vs(s, r.predicted.get(key)))
+        for ctx in sorted({int(k.split("@")[1]) for k in r.step_s}):
+            block, merged, store = (r.step_s[f"{k}@{ctx}"] for k in ("block", "merged", "store"))
+            lines.append(f"  merging the store into the next step at {ctx}: {merged:.3f} s instead of "
+                         f"{store:.3f} + {block:.3f} s (saves {1 - merged / (store + block):.0%} of those passes)")
         for k, rate in r.answer_tok_s.items():
             lines.append(f"  block diffusion, {k} tok/step  {rate:6.2f} tok/s  x{rate / r.ar_tok_s:.2f} of --ar, "
                          f"x{rate / r.llama_ar_tok_s:.2f} of llama.cpp AR ({r.answer_steps[k]} steps)"

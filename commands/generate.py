@@ -27,7 +27,7 @@ from dgchat.commands.server_args import add_server_args, server_choice
 from dgchat.model_backend.engine_protocol import Engine
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.model_backend.events import FinalEvent, StepEvent
-from dgchat.model_backend.param_resolution import FLAG, SERVER, Layer, explain, resolved_for
+from dgchat.model_backend.param_resolution import FLAG, SERVER, Layer, check_block_flags, explain, resolved_for
 from dgchat.paths import atomic_write_text
 from dgchat.recording.asciicast import Pace, asciicast, cast_title, check_target, check_width, summary_line
 from dgchat.recording.frame_text import render_step
@@ -222,6 +222,8 @@ def _run_remote(args: argparse.Namespace, url: str, api_key: str | None) -> int:
             raise InvalidParameterError(f"--record needs the canvas of each step, which only dgchat serve sends; "
                                         f"{engine.url} is not a dgchat server")
         prompt = _prompt(engine, args, prompt_text)  # --raw is refused there: markers need the tokenizer
+        if engine.info.block_diffusion:  # refused as locally: the client's resolve would replace them
+            check_block_flags(int(engine.info.attention_block), params, {n: FLAG for n in flags.values})
         resolved = engine.resolve(params)
         # what no flag set, the server decided (its model's recommended settings, its own defaults)
         table = explain(resolved, [flags], unknown=SERVER)

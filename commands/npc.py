@@ -9,11 +9,12 @@ from pathlib import Path
 
 from dgchat.commands.common import (add_common, add_model_args, add_precise_arg, ctrl_c_cancels, open_local_engine,
                                    precise_choice, resolve_model_path)
+from dgchat.model_backend.engine_protocol import LocalEngine
 from dgchat.model_backend.errors import GenerationCancelled, InvalidParameterError
 from dgchat.npc.cards import load_cards
 from dgchat.npc.export import build_export, export_json, write_export
-from dgchat.npc.generator import NpcGenerator
-from dgchat.npc.lines_file import load_lines_file
+from dgchat.npc.generator import NO_TEMPLATES, NpcGenerator
+from dgchat.npc.lines_file import LinesFile, load_lines_file
 from dgchat.commands.server_args import add_server_args, server_choice
 from dgchat.remote.npc_lines import check_servers, generate_remote
 from dgchat.remote.pool import ServerPool
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
                                         "has its own (dgchat serve --precise ...)")
         try:
             with ctrl_c_cancels() as cancel:
-                batches = _generate_remote(urls, api_key, specs, args, cancel)
+                batches = _generate_remote(urls, api_key, specs, args, cancel, [e.where for e in lines.entries])
         except GenerationCancelled:
             sys.stderr.write("dgchat: stopped (Ctrl-C); nothing was written\n")
             return 130
@@ -107,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     engine = open_local_engine(resolve_model_path(args.model), n_gpu_layers=args.n_gpu_layers,
                                n_threads=args.threads, precise=precise_choice(args)[0])
     try:
+        _check_templates(engine, lines, specs)
         with ctrl_c_cancels() as cancel:
             generator = NpcGenerator(engine, max_attempts=args.max_attempts)
             batches = _generate_all(generator, specs, cancel)
@@ -116,6 +118,16 @@ def run(args: argparse.Namespace) -> int:
     finally:
         engine.close()
     return _write(batches, args, fmt)
+
+
+def _check_templates(engine: LocalEngine, lines: LinesFile, specs: list) -> None:
+    """A block-diffusion model writes free lines only: a template entry is an error before any line
+    is generated, naming the entry."""
+    if not engine.info.block_diffusion:
+        return
+    for entry, spec in zip(lines.entries, specs):
+        if spec.template is not None:
+            raise InvalidParameterError(f"{entry.where}: {Path(engine.path).name} is {engine.label}: {NO_TEMPLATES}")
 
 
 def _write(batches: list, args: argparse.Namespace, fmt: str) -> int:
@@ -168,7 +180,7 @@ def _generate_all(generator, specs, cancel: threading.Event) -> list:
 
 
 def _generate_remote(urls: list[str], api_key: str | None, specs: list, args: argparse.Namespace,
-                     cancel: threading.Event) -> list:
+                     cancel: threading.Event, where: list[str] | None = None) -> list:
     """The entries on `dgchat serve` servers (docs/SCALING.md): each entry is one /v1/infill request,
     at most --per-server in flight per server, a failed one retried on another server; the batches
     come back in the lines file's order, so the export is the one a local run writes."""
@@ -183,7 +195,8 @@ def _generate_remote(urls: list[str], api_key: str | None, specs: list, args: ar
                     max_failures=args.retries + 1, deadline=args.deadline) as pool:
         # a server that cannot be used is dropped with one line; the run goes on on the others
         check_servers(pool, on_drop=lambda url, why: console.print(
-            f"dgchat: {url} dropped ({why}); going on without it", highlight=False, markup=False, soft_wrap=True))
+            f"dgchat: {url} dropped ({why}); going on without it", highlight=False, markup=False, soft_wrap=True),
+            specs=specs, where=where)
         done = [0]
         if not console.is_terminal:
             def log(event) -> None:  # a build log: one line per entry and per retry

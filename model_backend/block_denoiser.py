@@ -56,6 +56,8 @@ from dgchat.model_backend.requests import BlockSetup, DenoiseRequest, EncodeRequ
 from dgchat.model_backend.sampling import Proposal, RowStats, SampleSpec
 
 VARIANTS = ("sdar", "bd3lm")
+NO_INFILL = ("block diffusion writes left to right, one block after another: a position cannot see text "
+             "to the right of its block, so it cannot fill in a gap between given texts (infill)")
 
 
 def prompt_offset(prompt_tokens: int, setup: BlockSetup) -> int:

@@ -18,7 +18,7 @@ import numpy as np
 
 from dgchat.model_backend import llamacpp
 from dgchat.model_backend.ar_decoder import ar_decoder
-from dgchat.model_backend.block_denoiser import block_denoiser, prompt_offset, sequence_length
+from dgchat.model_backend.block_denoiser import NO_INFILL, block_denoiser, prompt_offset, sequence_length
 from dgchat.model_backend.block_source import BlockLlamaSource
 from dgchat.model_backend.driver import Denoiser, drive
 from dgchat.model_backend.engine import DiffusionEngine
@@ -27,9 +27,6 @@ from dgchat.model_backend.events import FinalEvent, StepEvent
 from dgchat.model_backend.model_info import ModelInfo
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.model_backend.requests import BlockSetup, CanvasTemplate, EncodeRequest
-
-NO_INFILL = ("block diffusion writes left to right, one block after another: a position cannot see text "
-             "to the right of its block, so it cannot fill in a gap between given texts (infill)")
 
 
 class BlockDiffusionEngine(DiffusionEngine):

@@ -32,6 +32,7 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "bd3lm": dict(steps=32, temperature=0.0, algorithm="confidence", max_tokens=512),
 }
 BLOCK_VARIANTS = ("sdar", "bd3lm")
+BLOCK_DIFFUSION = "block_diffusion"  # ModelInfo.family of SDAR and BD3LM models
 BLOCK_ARCHS = ("qwen3", "qwen2")  # llama.cpp graphs a block-diffusion file may use
 _ARCH_FAMILY = {"llada": "llada", "llada-moe": "llada", "dream": "dream", "rnd1": "rnd1"}
 
@@ -84,6 +85,11 @@ class ModelInfo:
     @property
     def uniform_state(self) -> bool:
         return self.family == "diffusion_gemma"
+
+    @property
+    def block_diffusion(self) -> bool:
+        """SDAR, BD3LM: written block after block (one block a canvas, steps per block, no infill)."""
+        return self.family == BLOCK_DIFFUSION
 
 
 def _bool(value: Any, default: bool) -> bool:
@@ -167,7 +173,7 @@ def inspect_header(header: GgufHeader) -> ModelInfo:
     if arch == "gemma4" and header.get("dgchat.family") == "diffusion-gemma":
         family, preset, has_memory, shift = "diffusion_gemma", "diffusion_gemma", True, False
     elif header.get("dgchat.family") == "block-diffusion":
-        family, has_memory, shift = "block_diffusion", True, False
+        family, has_memory, shift = BLOCK_DIFFUSION, True, False
         preset = header.get("dgchat.block_diffusion.variant")
         block = header.get("dgchat.engine.attention_block")
         if arch not in BLOCK_ARCHS:
@@ -220,7 +226,7 @@ def inspect_header(header: GgufHeader) -> ModelInfo:
         if value is not None:
             defaults[param] = _checked_default(header, key, param, value)
             from_file.add(param)
-    if family == "block_diffusion":
+    if family == BLOCK_DIFFUSION:
         # the canvas is one block, fixed by the file's attention (model_backend/param_resolution)
         defaults.update(gen_length=int(block), block_length=int(block))
         from_file.update(("gen_length", "block_length"))

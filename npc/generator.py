@@ -9,6 +9,10 @@ can depend on what else is in its batch, so reproduce with the same `count`).
 Free lines (no template): the canvas is the line's length budget (LENGTH_PRESETS or a number of
 tokens); the model ends the line early with its end token.
 
+Block-diffusion models (SDAR, BD3LM) write free lines only: a line is written block after block
+(the model's block size and steps per block), its budget is `max_tokens`; a template is refused
+(NO_TEMPLATES: a block cannot see the text after a hole).
+
 Templates: each hole's length is given, or chosen per variant among its candidates by the model's
 own score: every candidate length is generated (one batch), scored by its mean pseudo-log-
 likelihood over the whole line (`engine.pseudo_log_likelihood`), and the best kept; with several
@@ -54,8 +58,10 @@ MAX_LINE_TOKENS = 512
 MAX_COUNT = 64
 MAX_BATCH = 16  # sequences per batched decode
 RETRY_SEED_STRIDE = 1_000_003
-DEFAULT_TEMPERATURE = 0.8  # masked models: variants need sampling to differ by seed
+DEFAULT_TEMPERATURE = 0.8  # masked and block-diffusion models: variants need sampling to differ by seed
 MAX_TEXT = 4000
+NO_TEMPLATES = ("a block-diffusion model writes left to right, block after block: it cannot see the text after a "
+                "hole, so it cannot fill line templates; give the line a `length` instead (a free line)")
 
 
 @dataclass(frozen=True)
@@ -298,30 +304,51 @@ class NpcGenerator:
 
     def params_for(self, spec: LineSpec, *, canvas: int, to_fill: int, template: bool,
                    bias: tuple[tuple[int, float], ...]) -> DiffusionParams:
-        """A variant's settings (model_backend/param_resolution): NPC defaults for masked models
-        under the card's and line's settings (`spec.params`), the canvas, seed and bias over them."""
+        """A variant's settings, resolved by the engine from `layers_for`."""
+        p, _ = merge(self.layers_for(spec, canvas=canvas, to_fill=to_fill, template=template, bias=bias))
+        return self.engine.resolve(p)
+
+    def layers_for(self, spec: LineSpec, *, canvas: int, to_fill: int, template: bool,
+                   bias: tuple[tuple[int, float], ...]) -> list[Layer]:
+        """A variant's settings as layers, lowest first (model_backend/param_resolution; the model's
+        own settings lie below them): NPC defaults under the card's and line's settings
+        (`spec.params`), the canvas, seed and bias over them. `resolved_for(engine, layers)` names
+        each value's source ("npc" for the NPC layers).
+
+        Masked models: the line is one canvas (one block, unless the card sets a block length), one
+        step per position to fill, temperature DEFAULT_TEMPERATURE (greedy decoding would give
+        every variant the same line).
+        Block diffusion: the canvas is one block of the model's size and the steps are the model's
+        per block, so neither is set here; the line's budget is `max_tokens`. Its published
+        decoding is greedy (temperature 0) too: the NPC layer samples at DEFAULT_TEMPERATURE in
+        the same way unless the card or line sets a temperature, so variants differ."""
         card = spec.params
+        own = Layer.of(CARD, card)
+        if self.engine.info.block_diffusion:
+            if template:
+                raise TemplateError(NO_TEMPLATES)
+            return [Layer(NPC, {"temperature": DEFAULT_TEMPERATURE}), own,
+                    Layer(NPC, {"max_tokens": canvas, "seed": spec.seed, "logit_bias": bias})]
         below: dict[str, Any] = {}  # NPC defaults: the card's own values win
-        one_block = False
+        above: dict[str, Any] = {}
         if not self.engine.info.uniform_state:
             below["temperature"] = DEFAULT_TEMPERATURE
             if template or card.block_length is None:
                 # one block over the line: a template's canvas has any length
-                one_block = True
+                above["block_length"] = None
                 below["eps"] = 1e-3
             elif canvas % card.block_length:
                 canvas += card.block_length - canvas % card.block_length
             below["steps"] = max(1, to_fill if template else canvas)
-        above = {"gen_length": canvas, "max_tokens": canvas, "seed": spec.seed, "logit_bias": bias}
-        p, _ = merge([Layer(NPC, below), Layer.of(CARD, card), Layer(NPC, above)])
-        if one_block:
-            p = replace(p, block_length=None)
-        return self.engine.resolve(p)
+        above.update(gen_length=canvas, max_tokens=canvas, seed=spec.seed, logit_bias=bias)
+        return [Layer(NPC, below), own, Layer(NPC, above)]
 
     # -- generation -------------------------------------------------------------------------
     def generate(self, spec: LineSpec, *, progress: ProgressFn | None = None,
                  cancel: threading.Event | None = None) -> LineBatch:
         spec.validate()
+        if spec.template is not None and self.engine.info.block_diffusion:
+            raise TemplateError(NO_TEMPLATES)
         tracker = _Tracker(progress)
         banned = BannedWords(spec.card.banned_words)
         if spec.template is None:
@@ -353,6 +380,8 @@ class NpcGenerator:
         jobs = [_Job(i, spec.seed + i, 0, replace(base, seed=spec.seed + i), None) for i in range(spec.count)]
         self._run(jobs, prompt, "generate", tracker, cancel)
         settings = {"length": spec.length, "canvas_tokens": int(base.gen_length)}
+        if self.engine.info.block_diffusion:  # the canvas is one block; the line's budget is max_tokens
+            settings["max_tokens"] = int(base.max_tokens)
         return prompt, jobs, settings
 
     def _template_lines(self, spec: LineSpec, tracker: _Tracker, cancel):
@@ -412,7 +441,7 @@ class NpcGenerator:
              planned: bool = False) -> None:
         """Run the jobs in batches of max_batch sequences; each job gets its FinalEvent."""
         if not planned:
-            tracker.add(sum(int(j.params.steps) for j in jobs))
+            tracker.add(sum(self._steps(j.params) for j in jobs))
         for start in range(0, len(jobs), self.max_batch):
             chunk = jobs[start:start + self.max_batch]
             seen = [0] * len(chunk)
@@ -421,14 +450,23 @@ class NpcGenerator:
                                                 templates=templates if any(t is not None for t in templates) else None)
             for i, event in events:
                 job = chunk[i]
+                planned_steps = self._steps(job.params)
                 if isinstance(event, FinalEvent):
                     job.final = event
-                    tracker.tick(phase, max(0, int(job.params.steps) - seen[i]), job.variant, event)
+                    tracker.tick(phase, max(0, planned_steps - seen[i]), job.variant, event)
                 else:
                     seen[i] += 1
-                    tracker.tick(phase, 1 if seen[i] <= int(job.params.steps) else 0, job.variant, event)
+                    tracker.tick(phase, 1 if seen[i] <= planned_steps else 0, job.variant, event)
             if (cancel is not None and cancel.is_set()) or any(j.final.stop_reason == "cancelled" for j in chunk):
                 raise GenerationCancelled("generation cancelled")
+
+    def _steps(self, params: DiffusionParams) -> int:
+        """A sequence's planned denoising steps (progress units): the steps of its canvas; block
+        diffusion: steps per block times the blocks of a full-length line."""
+        steps = int(params.steps)
+        if self.engine.info.block_diffusion and params.gen_length:
+            steps *= max(1, -(-int(params.max_tokens or 0) // int(params.gen_length)))
+        return steps
 
     def _score(self, jobs: list[_Job], prompt: np.ndarray, tracker: _Tracker, cancel, planned: bool = False) -> None:
         groups = self.score_groups

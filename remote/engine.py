@@ -29,7 +29,10 @@ What a server cannot give, and what the app must do instead:
   /v1/completions with `suffix`, which dgchat serve fills as a canvas (exactly `max_tokens` positions
   before the suffix); other servers have no such infill.
 - `resolve()` fills unset settings from the server's resolved defaults (dgchat serve reports them in
-  /v1/models); other servers report none, so only `max_tokens` is filled. The server has the last
+  /v1/models) by the rules of the model's family (masked, DiffusionGemma, block diffusion: the
+  server reports a block model's `attention_block` and `variant`, and the block rules apply: the
+  canvas is one block, steps are per block); other servers, and dgchat models of a family this
+  client does not know, report none it can use, so only `max_tokens` is filled. The server has the last
   word: the settings it used come back in `FinalEvent.extra["settings"]`.
 - `path` is not a file: it is `Path(model id)`; `url` says where the model is.
 """
@@ -50,7 +53,7 @@ import numpy as np
 from dgchat.model_backend.canvas import CanvasSnapshot
 from dgchat.model_backend.errors import ContextOverflowError, InvalidParameterError
 from dgchat.model_backend.events import FinalEvent, GenerationStats, StepEvent, StepTiming
-from dgchat.model_backend.model_info import ModelInfo
+from dgchat.model_backend.model_info import BLOCK_VARIANTS, ModelInfo
 from dgchat.model_backend.param_resolution import resolve_params
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.remote import limits, wire
@@ -80,6 +83,21 @@ _NOT_ON_THE_WIRE = ("gumbel", "mode", "early_stop", "stability_threshold", "conf
 def flag(name: str) -> str:
     """A DiffusionParams field as the command line spells it."""
     return {"early_stop": "--no-early-stop", "autoregressive": "--ar"}.get(name, "--" + name.replace("_", "-"))
+
+
+def model_family(details: wire.DgchatDetails, context: int) -> tuple[str, str, int | None]:
+    """(family, preset, attention_block) of the ModelInfo standing in for a server's model: the
+    families whose rules the client knows (model_backend/param_resolution), else "remote" (the
+    server's rules decide). Block diffusion needs the block size and a known variant from the
+    server (`attention_block`, `variant` in /v1/models), a block no larger than the context; a
+    server that claims the family without them is "remote"."""
+    if details.family in ("masked", "diffusion_gemma"):
+        return details.family, details.family, None
+    block = details.attention_block
+    if (details.family == "block_diffusion" and block is not None and 1 <= block <= context
+            and details.variant in BLOCK_VARIANTS):
+        return "block_diffusion", details.variant, int(block)
+    return "remote", "remote", None
 
 
 class RemotePrompt(np.ndarray):
@@ -180,12 +198,13 @@ class RemoteEngine:
         if mask is not None:
             self.shown.special.add(mask)
         self._defaults = dict(d.defaults)
-        family = d.family if d.family in ("masked", "diffusion_gemma") else "remote"
+        context = int(model.context_length or DEFAULT_CONTEXT)
+        family, preset, block = model_family(d, context)
         self.info = ModelInfo(
-            architecture=d.architecture or "remote", family=family, preset=family,
+            architecture=d.architecture or "remote", family=family, preset=preset,
             has_kv_memory=False, mask_token=mask, shift_logits=False, chat_template=None,
-            name=d.name or model.id, context_length=int(model.context_length or DEFAULT_CONTEXT),
-            defaults=dict(self._defaults))
+            name=d.name or model.id, context_length=context,
+            defaults=dict(self._defaults), attention_block=block)
         self._synthetic_next = SYNTHETIC_BASE
         self._lock = threading.Lock()
 
@@ -316,13 +335,15 @@ class RemoteEngine:
         placement, --sampler-on); other servers fill their own defaults, so only max_tokens is set here."""
         params = params or DiffusionParams()
         d = self.server_model.details
-        if self.is_dgchat and d is not None and d.model_defaults is not None:
+        if self.is_dgchat and d is not None and d.model_defaults is not None and self.info.family != "remote":
             info = replace(self.info, defaults=dict(d.model_defaults), has_kv_memory=d.has_kv_memory)
             params = resolve_params(info, params).params
             params.check_vocabulary(self.n_vocab)
             return params
         if params.max_tokens is None:
-            params = params.updated(max_tokens=params.gen_length or min(1024, self.n_ctx_max // 2))
+            # a dgchat server's model of a family this client does not know: the answer length it reports
+            reported = self._defaults.get("max_tokens") if self.is_dgchat else None
+            params = params.updated(max_tokens=params.gen_length or reported or min(1024, self.n_ctx_max // 2))
         params.validate()
         return params
 
@@ -501,8 +522,10 @@ class RemoteEngine:
                     state.deltas += 1
                     if state.text_bytes > budget.text_bytes:
                         raise self._over_budget(f"more than {budget.text_bytes} bytes of text", budget)
-                    # each delta carries at least one token (a server may send several at once)
-                    if state.deltas > budget.max_tokens:
+                    # each delta carries at least one token (a server may send several at once), but
+                    # one: dgchat serve's last delta may be the UTF-8 decoder's flush of an answer that
+                    # ends inside a character (U+FFFD), after the delta of that answer's last token
+                    if state.deltas > budget.max_tokens + 1:
                         raise self._over_budget(f"more than {budget.max_tokens} pieces of text", budget)
                     state.text += c.text
                     if not (self.is_dgchat and self.live_canvas):

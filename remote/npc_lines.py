@@ -16,10 +16,12 @@ from dataclasses import fields, replace
 from typing import Any
 
 from dgchat.model_backend.errors import InvalidParameterError
+from dgchat.model_backend.model_info import BLOCK_DIFFUSION
 from dgchat.model_backend.params import MAX_SEED, DiffusionParams
 from dgchat.npc.cards import CharacterCard
 from dgchat.npc.generator import (
     MAX_COUNT,
+    NO_TEMPLATES,
     RETRY_SEED_STRIDE,
     HoleFill,
     LineBatch,
@@ -137,14 +139,18 @@ def batch_from_infill(spec: LineSpec, answer: Any, url: str) -> LineBatch:
     return LineBatch(spec, variants, settings, model)
 
 
-def check_servers(pool: ServerPool, *, on_drop: Callable[[str, str], None] | None = None) -> dict[str, Any]:
+def check_servers(pool: ServerPool, *, on_drop: Callable[[str, str], None] | None = None,
+                  specs: Sequence[LineSpec] = (), where: Sequence[str] = ()) -> dict[str, Any]:
     """Every server must be a dgchat server serving the same model file; returns that file's record.
 
     A server that cannot be asked (unreachable, an invalid answer, a rejected key) or is not a
     dgchat server is dropped from the pool (`on_drop(url, why)`: one line for the user) while
     another server passes; if none does, the first server's error is raised. Servers serving
-    different model files are an error: which one is meant cannot be told."""
+    different model files are an error: which one is meant cannot be told. With `specs` (and
+    `where`, each spec's place in the lines file), a template line for a block-diffusion model
+    (which cannot fill templates) is an error before any line is generated."""
     files = {}
+    families: dict[str, tuple[str, str]] = {}  # url -> (family, the server's engine label)
     failures: list[tuple[str, BaseException]] = []
     for client in pool.live_clients():
         try:
@@ -158,6 +164,7 @@ def check_servers(pool: ServerPool, *, on_drop: Callable[[str, str], None] | Non
             failures.append((client.url, exc))
             continue
         files[client.url] = details.file
+        families[client.url] = (details.family, details.engine)
     if not files:
         raise failures[0][1] if failures else RemoteError("no server left")
     for url, exc in failures:  # others passed: the run goes on without these
@@ -169,6 +176,13 @@ def check_servers(pool: ServerPool, *, on_drop: Callable[[str, str], None] | Non
         listing = ", ".join(f"{u}: {wire.quote(f.get('file'), 80)}" for u, f in files.items())
         raise InvalidParameterError(f"the servers serve different model files ({listing}); one export holds one "
                                     "model's lines")
+    block = next(((url, label) for url, (family, label) in families.items() if family == BLOCK_DIFFUSION), None)
+    if block is not None:
+        for k, spec in enumerate(specs):
+            if spec.template is not None:
+                place = where[k] if k < len(where) else f"line {k + 1}"
+                raise InvalidParameterError(f"{place}: {block[0]} serves a block-diffusion model "
+                                            f"({wire.quote(block[1] or 'block diffusion', 80)}): {NO_TEMPLATES}")
     return next(iter(files.values()))
 
 

@@ -2,7 +2,8 @@
 
 Shapes covered (tests/remote/test_wire.py checks each against the documented source):
 - `/v1/models`: `{"object": "list", "data": [{"id", "object": "model", "owned_by", ...}]}`; vLLM adds
-  `max_model_len`, dgchat serve a `dgchat` object (context length, mask and end tokens, defaults).
+  `max_model_len`, dgchat serve a `dgchat` object (context length, mask and end tokens, defaults; a
+  block-diffusion model's block size and variant, read leniently: see `optional_block`).
 - streamed chunks: `chat.completion.chunk` (`choices[].delta.content`) and `text_completion`
   (`choices[].text`), `finish_reason` null until a choice ends, a last chunk with `choices: []` and
   `usage` when `stream_options.include_usage` is set (vLLM may also put `usage` on every chunk);
@@ -349,6 +350,10 @@ class DgchatDetails:
     model_defaults: dict[str, Any] | None = None  # the model's own recommended settings
     has_kv_memory: bool = False
     file: dict[str, Any] | None = None  # the model file's identity (npc.generator.ModelMeta fields)
+    # block diffusion: the block size (1..limits.MAX_ATTENTION_BLOCK) and the variant ("sdar", "bd3lm");
+    # None / "" when not said, or said in a form dgchat cannot use (see parse_details)
+    attention_block: int | None = None
+    variant: str = ""
 
 
 @dataclass(frozen=True)
@@ -370,6 +375,21 @@ def model_file(obj: Obj) -> dict[str, Any]:
             "size_bytes": obj.int("size_bytes", 0, (1 << 63) - 1), "fingerprint": obj.str("fingerprint", 256)}
 
 
+def optional_block(obj: Obj) -> tuple[int | None, str]:
+    """`attention_block` and `variant` of a block-diffusion model, when both are usable: an integer
+    in 1..limits.MAX_ATTENTION_BLOCK and a short word. Anything else (absent, null, another type,
+    out of range) is dropped rather than refused: they only let the client resolve settings as the
+    server's engine does, and without them it leaves that to the server (RemoteEngine's "remote"
+    family), so a server that gets them wrong can still be used."""
+    block = obj.value.get("attention_block")
+    variant = obj.value.get("variant")
+    if not (_is_int(block) and 1 <= block <= limits.MAX_ATTENTION_BLOCK):
+        block = None
+    if not (isinstance(variant, str) and _WORD.fullmatch(variant)):
+        variant = ""
+    return block, variant
+
+
 def parse_details(obj: Obj) -> DgchatDetails:
     n_vocab = obj.int("n_vocab", 1, limits.MAX_VOCAB, 0)
     vocab = n_vocab or limits.MAX_VOCAB
@@ -381,6 +401,7 @@ def parse_details(obj: Obj) -> DgchatDetails:
     defaults = obj.obj("defaults", None)
     model_defaults = obj.obj("model_defaults", None)
     file = obj.obj("file", None)
+    block, variant = optional_block(obj)
     return DgchatDetails(
         name=obj.str("name", default=""), family=obj.str("family", limits.MAX_WORD_CHARS, ""),
         architecture=obj.str("architecture", default=""), engine=obj.str("engine", default=""),
@@ -388,7 +409,8 @@ def parse_details(obj: Obj) -> DgchatDetails:
         context_length=obj.int("context_length", 1, limits.MAX_CONTEXT, None),
         defaults=check_params(defaults) if defaults is not None else {},
         model_defaults=check_params(model_defaults) if model_defaults is not None else None,
-        has_kv_memory=obj.bool("has_kv_memory", False), file=model_file(file) if file is not None else None)
+        has_kv_memory=obj.bool("has_kv_memory", False), file=model_file(file) if file is not None else None,
+        attention_block=block, variant=variant)
 
 
 def parse_models(body: Any) -> list[ServerModel]:

@@ -28,7 +28,15 @@ from dgchat.model_backend.engine_protocol import LocalEngine
 from dgchat.model_backend.errors import DgchatError, EngineError, GenerationCancelled, InvalidParameterError
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.npc.cards import find_card, load_cards, parse_card
-from dgchat.npc.generator import LENGTH_PRESETS, MAX_COUNT, MAX_LINE_TOKENS, LineSpec, ModelMeta, NpcGenerator
+from dgchat.npc.generator import (
+    LENGTH_PRESETS,
+    MAX_COUNT,
+    MAX_LINE_TOKENS,
+    NO_TEMPLATES,
+    LineSpec,
+    ModelMeta,
+    NpcGenerator,
+)
 from dgchat.npc.templates import parse_template, plan_canvas
 from dgchat.server import DEFAULT_PORT, openai_api
 from dgchat.server.asgi import (
@@ -252,6 +260,9 @@ class ApiServer:
                 # the model's own recommended settings and KV memory: a client resolves settings as the
                 # engine does (dgchat.remote.engine.RemoteEngine.resolve)
                 "model_defaults": dict(engine.info.defaults), "has_kv_memory": bool(engine.info.has_kv_memory),
+                # block diffusion: the block size B (the canvas, fixed by the model) and the variant
+                # ("sdar", "bd3lm"), which the client's resolution of settings needs; null otherwise
+                **block_details(engine),
                 "file": ModelMeta.from_engine(engine).as_dict(),
             }
         return self._details
@@ -498,6 +509,9 @@ class ApiServer:
                         seed=openai_api.parse_seed(body), params=params,
                         **({"length": length} if length is not None else {}))
         spec.validate()
+        if template is not None and self.engine.info.block_diffusion:
+            raise ApiError(400, f"`template` (a line with holes) is not supported by this model, {self.engine.label}: "
+                                f"{NO_TEMPLATES}", param="template", code="unsupported_parameter")
         generator = self._generator()
         if template is None:
             return spec, int(generator.prompt(spec).size), max_attempts
@@ -536,6 +550,16 @@ class ApiServer:
                               "dgchat": {"settings": batch.settings, "model": batch.model.as_dict()},
                               "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                                         "total_tokens": prompt_tokens + completion}})
+
+
+def block_details(engine: LocalEngine) -> dict[str, Any]:
+    """/v1/models' `attention_block` and `variant`: a block-diffusion model's block size and variant,
+    None for the other families."""
+    info = engine.info
+    block = getattr(info, "attention_block", None)
+    if not engine.info.block_diffusion or not block:
+        return {"attention_block": None, "variant": None}
+    return {"attention_block": int(block), "variant": str(info.preset)}
 
 
 MAX_TEMPLATE = 4096  # characters of an /v1/infill template

@@ -6,6 +6,9 @@ seed, logit_bias -> DiffusionParams; stop -> cut after generation (and generatio
 every choice has hit a stop string); n -> n sequences in one batched decode, seeds seed..seed+n-1;
 suffix (completions) -> infill: the completion is exactly max_tokens canvas positions between the
 prompt and the fixed suffix. Diffusion-only settings go in an extension object `"dgchat": {...}`.
+Block diffusion (SDAR, BD3LM) writes block after block: its canvas is one block of the model's size
+(nothing to fit), `steps` are per block, a chat without max_tokens gets the model's answer length,
+and `suffix` is refused (a block cannot see text to its right).
 
 Streaming: a diffusion model decides positions in any order, so a chunk carries the newly decided
 *left prefix* of the answer (every position up to the first undecided one), as text deltas; with
@@ -27,6 +30,7 @@ import numpy as np
 
 from dgchat.model_backend.engine_protocol import LocalEngine
 from dgchat.model_backend.errors import ContextOverflowError, DgchatError, GenerationCancelled
+from dgchat.model_backend.block_denoiser import NO_INFILL
 from dgchat.model_backend.events import FinalEvent, StepEvent
 from dgchat.model_backend.param_resolution import REQUEST, SERVER, Layer, explain
 from dgchat.model_backend.params import ALGORITHMS, CACHE_MODES, MAX_BIAS, DiffusionParams
@@ -221,7 +225,11 @@ def parse_seed(body: dict) -> int:
 
 def fit_params(engine: LocalEngine, base: DiffusionParams, max_tokens: int) -> DiffusionParams:
     """Resolved parameters for an answer of at most `max_tokens` tokens: a canvas no longer than
-    needed (rounded up to whole blocks) with the model's steps-per-token ratio."""
+    needed (rounded up to whole blocks) with the model's steps-per-token ratio. A block-diffusion
+    model has nothing to fit: its canvas is one block of the model's size and its steps are per
+    block, whatever the answer's length (the answer ends at max_tokens)."""
+    if engine.info.block_diffusion:
+        return engine.resolve(replace(base, max_tokens=max_tokens))
     d = engine.resolve(replace(base, steps=None))  # the model's canvas and blocks (steps are checked below)
     p = base
     if base.gen_length is None and max_tokens < int(d.gen_length):
@@ -237,6 +245,18 @@ def fit_params(engine: LocalEngine, base: DiffusionParams, max_tokens: int) -> D
                 steps = max(n_blocks, -(-steps // n_blocks) * n_blocks)
         p = replace(p, gen_length=gen, steps=steps)
     return engine.resolve(replace(p, max_tokens=max_tokens))
+
+
+def default_max_tokens(engine: LocalEngine, base: DiffusionParams, prompt_tokens: int) -> int:
+    """A chat answer's budget when the request names none: the model's canvas (masked diffusion,
+    DiffusionGemma); for block diffusion, whose canvas is one block, the model's answer length
+    (`max_tokens`: the file's, else the family's 512), cut to what fits in the context after the
+    prompt (its padding and a block's overrun included)."""
+    d = engine.resolve(base)
+    if not engine.info.block_diffusion:
+        return int(d.gen_length)
+    room = int(engine.n_ctx_max) - prompt_tokens - 2 * int(d.gen_length)
+    return max(1, min(int(d.max_tokens), room))
 
 
 def infill_params(engine: LocalEngine, base: DiffusionParams, canvas: int, to_fill: int) -> DiffusionParams:
@@ -500,7 +520,7 @@ def prepare_chat(body: dict, engine: LocalEngine) -> GenPlan:
     try:
         prompt = engine.chat_prompt(messages)
         if max_tokens is None:
-            max_tokens = int(engine.resolve(base).gen_length)
+            max_tokens = default_max_tokens(engine, base, int(prompt.size))
         first = fit_params(engine, base, max_tokens)
     except ApiError:
         raise
@@ -548,6 +568,9 @@ def prepare_completion(body: dict, engine: LocalEngine) -> GenPlan:
     if not isinstance(echo, bool):
         raise bad("`echo` must be true or false", "echo")
     template = None
+    if suffix and engine.info.block_diffusion:
+        raise bad(f"`suffix` (infill) is not supported by this model, {engine.label}: {NO_INFILL}; send the "
+                  "prompt alone to continue it", "suffix", "unsupported_parameter")
     try:
         if suffix:
             # client text: control-token markers in it stay plain text

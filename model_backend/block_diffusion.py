@@ -42,6 +42,18 @@ class BlockDiffusionEngine(DiffusionEngine):
         super().__init__(model, info, n_threads=n_threads, precise=precise)
         self.block_size = int(info.attention_block or 0)
         self.variant = info.preset
+        # the context whose sequence 0 holds these tokens' cells at positions 0.. (block_source reuse)
+        self._prefix: tuple[llamacpp.LlamaContext, np.ndarray] | None = None
+
+    def kept_prefix(self, ctx: llamacpp.LlamaContext) -> np.ndarray | None:
+        """The tokens whose cells the last generation left in `ctx` (None: nothing known)."""
+        return self._prefix[1] if self._prefix is not None and self._prefix[0] is ctx else None
+
+    def keep_prefix(self, ctx: llamacpp.LlamaContext, tokens: np.ndarray) -> None:
+        self._prefix = (ctx, tokens)
+
+    def forget_prefix(self) -> None:
+        self._prefix = None
 
     @property
     def label(self) -> str:
@@ -76,11 +88,17 @@ class BlockDiffusionEngine(DiffusionEngine):
         causal = {bool(p.autoregressive) for p in params}
         if len(modes) > 1 or len(causal) > 1:
             raise InvalidParameterError("sequences decoded together must share --sampler-on and --ar")
-        return BlockLlamaSource(self, len(params), per_seq, on_backend=modes.pop(), causal=causal.pop())
+        # a chat's next turn reuses the cells of the conversation so far (SDAR: blocks from position 0)
+        return BlockLlamaSource(self, len(params), per_seq, on_backend=modes.pop(), causal=causal.pop(),
+                                reuse=self.variant == "sdar")
 
     def _run(self, coroutines: list[Denoiser], source: BlockLlamaSource) -> Iterator[tuple[int, StepEvent | FinalEvent]]:
         for i, event in drive(coroutines, source):
-            yield i, (self._finish(event, source.on_backend) if isinstance(event, FinalEvent) else event)
+            if isinstance(event, FinalEvent):
+                event.stats.prompt_reused = source.reused_tokens
+                event = self._finish(event, source.on_backend)
+            yield i, event
+        source.finish()
 
     def generate(self, prompt_tokens, params=None, *, cancel=None, template=None):
         params = self.resolve(params)

@@ -44,6 +44,7 @@ class GenerationStats:
     sampler_s: float = 0.0
     prompt_tokens: int = 0
     prompt_s: float = 0.0  # the prompt's own pass (block diffusion, DiffusionGemma: before the first step)
+    prompt_reused: int = 0  # prompt tokens whose KV cells the previous generation left (block diffusion)
     decode_calls: int = 0
     sampler_on: str = ""  # "backend" (llama.cpp's graph) or "host" (numpy): where the vocabulary-wide work ran
     soft_embedding: str = ""  # DiffusionGemma diffusion: "exact" or "top-256"

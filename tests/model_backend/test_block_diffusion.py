@@ -242,13 +242,33 @@ def test_events_show_one_block_at_a_time(base: Path) -> None:
     assert final.stats.steps == len(steps) and final.stats.prompt_s > 0
 
 
-def test_one_decode_per_step(base: Path) -> None:
+def test_one_decode_per_step_and_the_next_turn_reuses_the_conversation(base: Path) -> None:
+    """One decode for the prompt, then exactly one per step (the stores ride along). A next turn
+    that repeats the conversation so far decodes only from the first block where it differs, and
+    answers as a fresh context does."""
     engine = engine_for(base, "sdar")
-    prompt = prompt_ids(engine, 8, seed=6)
-    answer(engine, prompt, max_tokens=4)  # the context exists afterwards
+    B = engine.block_size
+    prompt = prompt_ids(engine, 22, seed=6)
+    engine.forget_prefix()
+    answer(engine, prompt[:3], max_tokens=4)  # the context exists afterwards
+    engine.forget_prefix()
     before = engine._ctx.n_decodes
-    final = answer(engine, prompt, max_tokens=16, threshold=1.0, early_stop=False)
-    assert engine._ctx.n_decodes - before == 1 + final.stats.steps
+    first = answer(engine, prompt, max_tokens=16, threshold=1.0, early_stop=False)
+    assert engine._ctx.n_decodes - before == 1 + first.stats.steps and first.stats.prompt_reused == 0
+    # the next turn: the conversation so far (prompt, answer) and a new message
+    turn = np.concatenate([prompt, first.tokens, prompt_ids(engine, 9, seed=12)]).astype(np.int32)
+    before = engine._ctx.n_decodes
+    reused = answer(engine, turn, max_tokens=12, threshold=1.0, early_stop=False)
+    assert reused.stats.prompt_reused == ((prompt.size + first.tokens.size) // B) * B
+    assert engine._ctx.n_decodes - before == 1 + reused.stats.steps
+    engine.forget_prefix()
+    fresh = answer(engine, turn, max_tokens=12, threshold=1.0, early_stop=False)
+    assert fresh.stats.prompt_reused == 0 and fresh.tokens.tolist() == reused.tokens.tolist()
+    # the same prompt again (regenerate): nothing of the prompt is decoded
+    before = engine._ctx.n_decodes
+    again = answer(engine, turn, max_tokens=12, threshold=1.0, early_stop=False)
+    assert again.stats.prompt_reused == (turn.size // B) * B
+    assert engine._ctx.n_decodes - before == again.stats.steps and again.tokens.tolist() == fresh.tokens.tolist()
 
 
 def test_batch_equals_one_at_a_time(base: Path) -> None:

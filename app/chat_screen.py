@@ -17,6 +17,11 @@ it as an asciicast (.cast) into the export folder.
 The status line ends with the conversation's size in the model's context ("1,234 / 4,096
 tokens"), taken from each answer's own prompt count, or counted by a short ContextCountJob when
 the model or the branch changed.
+
+Block diffusion (SDAR, BD3LM) writes an answer block after block: the live canvas shows the answer
+so far with the current block filling in ("block 12 · step 3/4 · 47 tokens"), and the status line
+reads "4 steps/block · max 512 tokens" (the engine's label names the variant and the block
+size); the canvas and block lengths are the model's, fixed (app/settings_modal.py says so).
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ from dgchat.model_backend.param_resolution import CHAT, CONFIG, DEFAULT, Layer, 
 from dgchat.model_backend.gguf_file import read_gguf_header
 from dgchat.model_backend.model_info import inspect_header
 from dgchat.model_backend.params import DiffusionParams
+from dgchat.recording.blocks import block_size_of
 from dgchat.recording.history import DenoisingHistory, HistoryError
 from dgchat.terminal_text import one_line
 from textual import events, on
@@ -268,7 +274,13 @@ class ChatScreen(Screen):
             blocks = f" · block {p.block_length}" if p.block_length else ""
             thr = f" · threshold {p.threshold:g}" if p.threshold is not None else ""
             server = served(engine)
-            if server is None or server.is_dgchat:
+            if block_size_of(engine) and not p.autoregressive:
+                # the label says "block diffusion (SDAR, blocks of 4)": the canvas is one block
+                bar.set_text(
+                    f"{session.model_name(wanted)} · {engine.label} · {p.steps} steps/block · max {p.max_tokens} tokens"
+                    f" · T {temperature_text(p, engine.info.uniform_state)}{thr}"
+                )
+            elif server is None or server.is_dgchat:
                 bar.set_text(
                     f"{session.model_name(wanted)} · {engine.label} · steps {p.steps} · canvas {p.gen_length}{blocks}"
                     f" · {p.algorithm}{thr} · T {temperature_text(p, engine.info.uniform_state)}"
@@ -280,9 +292,19 @@ class ChatScreen(Screen):
             p = None
         context = self._context_count
         if context is not None and self.chat is not None and context.chat_id == self.chat.id and context.model == wanted:
-            bar.set_context(context.tokens, engine.n_ctx_max, int(p.gen_length or 0) if p is not None else 0)
+            bar.set_context(context.tokens, engine.n_ctx_max, self._answer_room(engine, p))
         else:
             bar.set_context(None)
+
+    @staticmethod
+    def _answer_room(engine: Engine, p: DiffusionParams | None) -> int:
+        """Context the next answer takes: its canvas, or for a block answer its length and a block."""
+        if p is None:
+            return 0
+        block = block_size_of(engine)
+        if block:
+            return int(p.max_tokens or 0) + block
+        return int(p.gen_length or 0)
 
     # -- the conversation's size in the model's context -----------------------------------------
     def recount(self, *, fresh: bool = False) -> None:
@@ -550,7 +572,11 @@ class ChatScreen(Screen):
                 self.store.delete_message(replacing.id)  # nothing was decided: not worth a version
         self.generation = generation
         self._last_checkpoint = time.monotonic()
-        self.canvas = LiveCanvas(engine, canvas_length=int(params.gen_length or 0), id="live-canvas",
+        # a block-diffusion answer is block after block: the canvas counts blocks and keeps room for
+        # the tokens to come, up to the answer's length (--ar decodes the same model token by token)
+        self.canvas = LiveCanvas(engine, canvas_length=int(params.gen_length or 0),
+                                 block_size=0 if params.autoregressive else block_size_of(engine),
+                                 answer_limit=int(params.max_tokens or 0) or None, id="live-canvas",
                                  classes="message -assistant -live")
         self.last_canvas = self.canvas  # kept after the answer ends (repaint counts for the benchmark)
         conversation = self.query_one("#conversation", Conversation)
@@ -643,9 +669,15 @@ class ChatScreen(Screen):
 
     async def _replace_canvas(self, canvas: LiveCanvas | None, view: MessageView) -> None:
         """Put the finished answer where its canvas was, in one frame: the answer's view is mounted
-        hidden beside the canvas, and only once its Markdown is parsed and laid out (Textual parses
+        invisible beside the canvas, and only once its Markdown is parsed and laid out (Textual parses
         on a worker thread, tens of milliseconds) do the two swap, in one batch. Removing the canvas
-        first would leave the answer off the screen meanwhile."""
+        first would leave the answer off the screen meanwhile.
+
+        The answer may be shorter than its canvas (a canvas keeps room for tokens to come; a
+        model's single line breaks are one paragraph in Markdown): a view scrolled down the canvas
+        would then show the empty space past the new end for a frame, until the scroll is clamped.
+        The answer is laid out before the swap (invisible, not undisplayed) so that the scroll
+        position is moved to the new end in the same batch."""
         conversation = self.query_one("#conversation", Conversation)
         if canvas is None or canvas.parent is not conversation:
             if canvas is not None:
@@ -653,15 +685,26 @@ class ChatScreen(Screen):
             await conversation.mount(view)
             conversation.end_live(True)
             return
-        follow = self._following
-        view.display = False
+        view.styles.visibility = "hidden"  # laid out below the canvas (its height known), not drawn
         await conversation.mount(view, after=canvas)
+        conversation.call_after_refresh(self._swap_canvas, canvas, view)
+
+    def _swap_canvas(self, canvas: LiveCanvas, view: MessageView) -> None:
+        """The second half of _replace_canvas, once the answer is laid out."""
+        conversation = self.query_one("#conversation", Conversation)
+        follow = self._following
         if canvas.parent is not conversation or view.parent is not conversation:
             conversation.end_live(follow)
             return  # the conversation was redrawn meanwhile (another chat opened)
         with self.app.batch_update():
+            # where the view may be once the canvas is gone: at most the new end (the canvas's room
+            # and lines leave the conversation's height)
+            end = max(0, conversation.virtual_size.height - canvas.outer_size.height
+                      - conversation.scrollable_content_region.height)
+            if follow or conversation.scroll_y > end:
+                conversation.scroll_to(y=end, animate=False, immediate=True)
             canvas.display = False
-            view.display = True
+            view.styles.visibility = "visible"
         canvas.remove()
         conversation.end_live(follow)
 
@@ -1013,6 +1056,9 @@ class ChatScreen(Screen):
                 default_model=self.session.default_path if isinstance(self.session.default_path, Path) else None,
                 # what the status line's "T 0.8 → 0.4" says: this model anneals t_max → t_min
                 annealed=engine.info.uniform_state and not defaults.autoregressive,
+                # block diffusion: canvas and block are the model's block, steps are per block
+                block_size=block_size_of(engine),
+                variant=str(engine.info.preset or ""),
             ),
             done,
         )
@@ -1113,14 +1159,19 @@ class ChatScreen(Screen):
             return
         info = engine.info
         temperature, defaults = defaults_text(info.defaults, info.uniform_state)
+        block = block_size_of(engine)
+        writes = ""
+        if block:  # the label names the variant
+            writes = (f"writes: left to right, block after block ({block} tokens a block, fixed by the model; "
+                      "steps are per block; no infill)\n")
         text = (
             f"{info.name}\n{short_path(engine.path)}\n\narchitecture: {info.architecture} ({info.family})\n"
-            f"runs as: {engine.label}\ncontext: {engine.n_ctx_max:,} tokens\n"
+            f"runs as: {engine.label}\n{writes}context: {engine.n_ctx_max:,} tokens\n"
             f"temperature: {temperature}\nrecommended sampler: {defaults}"
         )
         try:  # this chat's settings and where each came from (as `dgchat generate --json` reports them)
             table = self.resolved_params(engine).table()
-            text += f"\n\nthis chat runs with:\n{sources_text(table, info.uniform_state)}"
+            text += f"\n\nthis chat runs with:\n{sources_text(table, info.uniform_state, block_size=block)}"
         except DgchatError as exc:  # a chat setting the model refuses: the status line says so too
             text += f"\n\nthis chat's settings: {exc}"
         self.app.push_screen(ErrorModal("Model", text))

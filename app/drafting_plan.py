@@ -18,6 +18,16 @@ is /v1/completions with the text before as `prompt` and the text after as `suffi
 serve fills as the same kind of canvas (exactly `max_tokens` positions before the fixed suffix);
 other servers have no such infill, so only continuing works there. The span's length is estimated
 from the selection's characters (+/- adjust it), and the text around it is cut by characters.
+
+Models that write left to right (block diffusion: SDAR, BD3LM; docs/BLOCK_DIFFUSION.md) cannot fill
+a gap between two texts: a position sees its own block and the blocks before it, never the text
+after it, and the engine refuses a canvas template (infill). For them a rewrite is planned as a
+left-to-right regeneration of the selection's length from the text before it (no template,
+max_tokens = the span, no end token inside it), and the screen says that the text after the
+selection is not seen (`left_to_right_note`); a continuation runs over several blocks (the request's
+length, or DEFAULT_CONTINUE_TOKENS), not one canvas, which is a single block of 4-32 tokens there.
+On a dgchat serve server of such a model the rewrite is a plain completion of the text before it
+(no suffix), for the same reason.
 """
 
 from __future__ import annotations
@@ -30,11 +40,13 @@ import numpy as np
 from dgchat.model_backend.engine_protocol import Engine, served
 from dgchat.model_backend.errors import DgchatError
 from dgchat.model_backend.events import FinalEvent
+from dgchat.model_backend.model_info import BLOCK_DIFFUSION
 from dgchat.model_backend.param_resolution import CONFIG, DRAFTING, Layer, merge
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.model_backend.requests import CanvasTemplate
 from dgchat.npc.errors import TemplateError
 from dgchat.npc.templates import Tokenizer
+from dgchat.recording.blocks import block_size_of
 from dgchat.remote import RemotePrompt
 
 MAX_BEFORE_TOKENS = 1024
@@ -48,7 +60,7 @@ DRAFT_TEMPERATURE = 0.8  # masked models: a retry with the next seed gives anoth
 REMOTE_BEFORE_CHARS = 2 * MAX_BEFORE_TOKENS
 REMOTE_AFTER_CHARS = 2 * MAX_AFTER_TOKENS
 CHARS_PER_TOKEN = 4  # a selection's span estimated from its length (English text: about 4 a token)
-DEFAULT_CONTINUE_TOKENS = 64  # continuing on a server without diffusion settings (no canvas length)
+DEFAULT_CONTINUE_TOKENS = 64  # continuing on a server without diffusion settings, or with a left-to-right model
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,9 @@ class DraftPlan:
     params: DiffusionParams  # resolved
     template: CanvasTemplate | None
     span: int  # rewrite: the span's positions (canvas[:span]); continue: the canvas length
+    # written left to right, block after block (block diffusion): a rewrite is a continuation of the
+    # text before the span, `span` tokens long; a continuation is `span` tokens at most
+    left_to_right: bool = False
 
 
 class _Vocab:
@@ -104,6 +119,34 @@ def _prompt(vocab: _Vocab, before: str, keep: int) -> np.ndarray:
     return tokens.astype(np.int32)
 
 
+def writes_left_to_right(engine: Engine | None) -> bool:
+    """Whether `engine`'s model writes left to right, block after block, and so cannot fill a gap
+    using the text after it (block diffusion; a dgchat serve server's model of that family too)."""
+    if engine is None:
+        return False
+    if block_size_of(engine):
+        return True
+    server = served(engine)
+    details = getattr(getattr(server, "server_model", None), "details", None) if server is not None else None
+    return getattr(details, "family", None) == BLOCK_DIFFUSION
+
+
+def model_name(engine: Engine | None) -> str:
+    """The variant's name for the notes ("SDAR", "BD3LM"), or "This model"."""
+    preset = getattr(getattr(engine, "info", None), "preset", None) if block_size_of(engine) else None
+    return {"sdar": "SDAR", "bd3lm": "BD3LM"}.get(str(preset), "This model")
+
+
+def left_to_right_note(engine: Engine | None, kind: str, selected: str) -> str:
+    """What the drafting screen says where a left-to-right model's proposal appears ("" for other
+    models, and for a continuation, which is left to right anyway)."""
+    if kind != "rewrite" or not writes_left_to_right(engine):
+        return ""
+    what, where = ("this rewrite", "the selection") if selected else ("this fill-in", "the cursor")
+    return (f"{model_name(engine)} writes left to right: {what} continues from the text before {where} "
+            "and does not see the text after it.")
+
+
 def _sampling(engine: Engine, base: DiffusionParams, seed: int) -> DiffusionParams:
     """A proposal's settings (model_backend/param_resolution): drafting's temperature for masked
     models under the config's [sampler] (`base`), the proposal's seed and the default mode over it."""
@@ -112,13 +155,40 @@ def _sampling(engine: Engine, base: DiffusionParams, seed: int) -> DiffusionPara
     return merge([Layer(DRAFTING, below), Layer.of(CONFIG, base), Layer(DRAFTING, above)])[0]
 
 
+def _span(engine: Engine, request: DraftRequest) -> int:
+    span = request.length or count_tokens(engine, request.selected) or DEFAULT_FILL_TOKENS
+    return max(1, min(MAX_SPAN_TOKENS, span))
+
+
+def _left_to_right(engine: Engine, request: DraftRequest, base: DiffusionParams, length: int,
+                   bias_ids: set[int]) -> DraftPlan:
+    """A block-diffusion model's proposal: `length` tokens written after the text before it (no
+    template: it cannot see the text after), over as many blocks as that takes."""
+    vocab = vocab_for(engine)
+    p = _sampling(engine, base, request.seed)
+    bias = tuple((t, -100.0) for t in sorted(bias_ids))
+    # the canvas and block are the model's block (gen_length / block_length from the config are replaced)
+    p = replace(p, max_tokens=length, logit_bias=p.logit_bias + bias)
+    params = engine.resolve(p)
+    block = int(block_size_of(engine) or params.gen_length or 0)
+    room = engine.n_ctx_max - int(params.max_tokens) - 2 * block - 1  # an answer may overrun into a block
+    if room < 1:
+        raise DgchatError(f"{length} tokens do not fit the model's context of {engine.n_ctx_max}")
+    prompt = _prompt(vocab, request.before, min(MAX_BEFORE_TOKENS, room))
+    engine.check_fits(int(prompt.size), params)
+    return DraftPlan(request.kind, prompt, params, None, int(params.max_tokens), left_to_right=True)
+
+
 def plan_rewrite(engine: Engine, request: DraftRequest, base: DiffusionParams) -> DraftPlan:
     """The span between `request.before` and `request.after`, `length` tokens (default: as many as
-    the selected text has, or DEFAULT_FILL_TOKENS with nothing selected)."""
+    the selected text has, or DEFAULT_FILL_TOKENS with nothing selected). A left-to-right model
+    (block diffusion) writes the span after the text before it, without the text after."""
     vocab = vocab_for(engine)
     tok = vocab.tokenizer
-    span = request.length or count_tokens(engine, request.selected) or DEFAULT_FILL_TOKENS
-    span = max(1, min(MAX_SPAN_TOKENS, span))
+    span = _span(engine, request)
+    if writes_left_to_right(engine):
+        # the span continues into the text after it: no end of turn, no control tokens inside it
+        return _left_to_right(engine, request, base, span, set(vocab.eog) | set(vocab.control))
     window = request.after[:AFTER_CHARS]
     try:
         after = tok.segment(window) if window else np.empty(0, np.int32)
@@ -151,8 +221,12 @@ def plan_rewrite(engine: Engine, request: DraftRequest, base: DiffusionParams) -
 
 def plan_continue(engine: Engine, request: DraftRequest, base: DiffusionParams) -> DraftPlan:
     """Text after `request.before`, up to a canvas (`length`, or the settings' canvas length); the
-    model may end it early with its end token."""
+    model may end it early with its end token. A left-to-right model (block diffusion, whose canvas
+    is one small block): `length` or DEFAULT_CONTINUE_TOKENS tokens, block after block."""
     vocab = vocab_for(engine)
+    if writes_left_to_right(engine):
+        length = max(1, min(MAX_SPAN_TOKENS, request.length or DEFAULT_CONTINUE_TOKENS))
+        return _left_to_right(engine, request, base, length, set(vocab.control))
     p = _sampling(engine, base, request.seed)
     if request.length:
         # a chosen length is one block (the model's block length need not divide it), as a rewrite's span
@@ -184,6 +258,20 @@ def plan_remote(engine: Engine, request: DraftRequest, base: DiffusionParams) ->
         raise DgchatError("plan_remote needs a server's model")
     before = request.before[-REMOTE_BEFORE_CHARS:] or "\n"  # a server refuses an empty prompt
     p = _sampling(engine, base, request.seed)
+    if server.is_dgchat and writes_left_to_right(engine):
+        # block diffusion on the server: no infill (the server's engine refuses a suffix); the span is
+        # written after the text before it, a continuation over several blocks
+        if request.kind == "rewrite":
+            length = request.length or estimate_tokens(request.selected) or DEFAULT_FILL_TOKENS
+        else:
+            length = request.length or DEFAULT_CONTINUE_TOKENS
+        p = replace(p, max_tokens=max(1, min(MAX_SPAN_TOKENS, length)))
+        plain = DiffusionParams()
+        p = replace(p, **{name: getattr(plain, name) for name in server.unsupported(p)})
+        params = engine.resolve(p)
+        engine.check_fits(0, params)
+        return DraftPlan(request.kind, RemotePrompt(text=before), params, None, int(params.max_tokens),
+                         left_to_right=True)
     if request.kind == "rewrite":
         if not server.is_dgchat:
             raise DgchatError(no_infill_message(server.url))
@@ -245,6 +333,9 @@ def proposal_text(engine: Engine, plan: DraftPlan, final: FinalEvent) -> str:
     tokens = np.asarray(final.tokens, dtype=np.int32)
     if plan.kind == "rewrite":
         tokens = tokens[: plan.span]
+        if plan.left_to_right:  # its end tokens were biased away; should one come, the text ends there
+            ends = np.flatnonzero(np.isin(tokens, np.array(vocab.eog, dtype=np.int32)))
+            tokens = tokens[: int(ends[0])] if ends.size else tokens
     else:
         ends = np.flatnonzero(np.isin(tokens, np.array(vocab.eog, dtype=np.int32)))
         if ends.size:

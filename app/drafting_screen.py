@@ -10,6 +10,12 @@ with the canvas at the span. Enter / y accepts it (one edit: Ctrl+Z undoes it), 
 (the document is untouched), r asks again with the next seed, + / - asks for a longer or shorter
 span; Esc while it runs stops it. The model math is drafting_plan's and the engine's.
 
+A model that writes left to right (block diffusion: SDAR, BD3LM) cannot see the text after a span:
+its rewrite is written after the text before the selection, as long as the selection, and a line
+over the status says so while the proposal is shown ("SDAR writes left to right: this rewrite
+continues from the text before the selection and does not see the text after it"); its
+continuation runs over several blocks (drafting_plan).
+
 On a server (`dgchat --server URL`) the same keys work: against dgchat serve the canvas streams from
 the server (a rewrite is a completion with the text after as its suffix); a server without infill
 (vLLM, ...) can continue from the cursor, and a rewrite there says why it cannot be done.
@@ -26,9 +32,11 @@ from dgchat.app.breakpoints import WIDTH_BREAKPOINTS
 from dgchat.app.drafting_plan import (
     DraftPlan,
     DraftRequest,
+    left_to_right_note,
     no_infill_message,
     plan,
     proposal_text,
+    writes_left_to_right,
 )
 from dgchat.model_backend.engine_protocol import Engine, served
 from dgchat.app.error_modal import ErrorModal
@@ -39,12 +47,13 @@ from dgchat.app.widgets.draft_preview import DraftPreview
 from dgchat.app.widgets.status_bar import StatusBar
 from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
 from dgchat.model_backend.events import FinalEvent, StepEvent
+from dgchat.recording.blocks import decided_count
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.geometry import Offset
 from textual.timer import Timer
-from textual.widgets import Footer, Header, TextArea
+from textual.widgets import Footer, Header, Label, TextArea
 from textual.widgets.text_area import Selection
 
 AUTOSAVE_DELAY = 1.0  # seconds after the last change
@@ -95,6 +104,9 @@ class DraftingScreen(ToolScreen):
     DraftingScreen.-proposing #draft-editor { display: none; }
     DraftingScreen.-proposing #draft-preview-scroll { display: block; }
     DraftingScreen #draft-status { height: 1; padding: 0 1; color: $text-muted; background: $surface; }
+    DraftingScreen #draft-note { width: 100%; height: auto; padding: 0 1; color: $warning; background: $surface;
+                                 display: none; }
+    DraftingScreen.-proposing.-noted #draft-note { display: block; }
     """
 
     def __init__(self, path: Path | None = None) -> None:
@@ -117,6 +129,8 @@ class DraftingScreen(ToolScreen):
                                    "or Ctrl+G to continue from the cursor.")
         with VerticalScroll(id="draft-preview-scroll", can_focus=True):
             yield DraftPreview(id="draft-preview")
+        # what the proposal could not take into account (a left-to-right model: the text after it)
+        yield Label("", id="draft-note", markup=False)
         yield StatusBar(id="draft-status")
         yield Footer()
 
@@ -247,9 +261,12 @@ class DraftingScreen(ToolScreen):
         top = (min(top_row, proposal.start[0]), 0)
         shown_before = editor.get_text_range(top, proposal.start)
         editor.read_only = True
+        note = left_to_right_note(engine, proposal.request.kind, proposal.request.selected)
+        self.query_one("#draft-note", Label).update(note)
+        self.set_class(bool(note), "-noted")
         self.add_class("-proposing")
         self.preview.start(engine, shown_before, proposal.request.after, proposal.request.kind,
-                           proposal.request.length or 0)
+                           proposal.request.length or 0, left_to_right=writes_left_to_right(engine))
         self.query_one("#draft-preview-scroll").focus()
         base = self.app.config.sampler_params()
         request = proposal.request
@@ -260,7 +277,10 @@ class DraftingScreen(ToolScreen):
             final = None
             for event in engine.generate(draft.prompt, draft.params, cancel=job.cancel, template=draft.template):
                 if isinstance(event, StepEvent):
-                    job.record(0, event, progress=(event.canvas_step, event.total_steps))
+                    # block after block: how much of the whole proposal is decided, not one block's steps
+                    done = (min(decided_count(event), draft.span), draft.span) if draft.left_to_right else \
+                        (event.canvas_step, event.total_steps)
+                    job.record(0, event, progress=done)
                 else:
                     final = event
             return draft, final
@@ -393,7 +413,10 @@ class DraftingScreen(ToolScreen):
                     bar.set_text(f"{what}{size} · seed {request.seed} · waiting for the server…{state}")
                     bar.set_loading(0.0)
                     return
-                bar.set_text(f"{what}{size} · seed {request.seed} · step {done}/{total}{state}")
+                if proposal.plan is not None and proposal.plan.left_to_right:
+                    bar.set_text(f"{what}{size} · seed {request.seed} · {done}/{total} decided{state}")
+                else:
+                    bar.set_text(f"{what}{size} · seed {request.seed} · step {done}/{total}{state}")
                 bar.set_loading(done / total if total else 0.0)
                 return
             bar.set_loading(None)

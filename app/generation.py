@@ -40,9 +40,12 @@ def decided_tokens(engine: Engine, event: StepEvent) -> np.ndarray:
     return tokens
 
 
-def final_meta(final: FinalEvent, params: DiffusionParams, model_name: str) -> dict[str, Any]:
+def final_meta(final: FinalEvent, params: DiffusionParams, model_name: str, *,
+               block_size: int | None = None) -> dict[str, Any]:
+    """What the store keeps with an answer; `block_size`: it was written block after block (block
+    diffusion), so its canvases are blocks of that size (the answer's line counts them so)."""
     stats = final.stats
-    return {
+    meta: dict[str, Any] = {
         "model": model_name,
         "engine": final.engine_label,
         "stop_reason": final.stop_reason,
@@ -56,6 +59,9 @@ def final_meta(final: FinalEvent, params: DiffusionParams, model_name: str) -> d
         },
         "params": {k: v for k, v in params.as_dict().items() if v is not None},
     }
+    if block_size and not params.autoregressive:
+        meta["block_size"] = int(block_size)
+    return meta
 
 
 class ChatAnswer(EngineJob):
@@ -127,7 +133,8 @@ class ChatAnswer(EngineJob):
     def _save(self) -> None:
         if self.store is None or self.message_id is None or self.final is None:
             return
-        meta = final_meta(self.final, self.params, self.model_name)
+        meta = final_meta(self.final, self.params, self.model_name,
+                          block_size=self.recorder.block_size if self.recorder is not None else None)
         self.store.finish_answer(self.message_id, self.final.text, status_for(self.final.stop_reason), meta,
                                  recording=self.recording())
 

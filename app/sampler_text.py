@@ -52,13 +52,18 @@ def defaults_text(defaults: Mapping[str, Any], uniform_state: bool) -> tuple[str
 # names in the resolved-settings table where the field name reads badly
 _LABELS = {"gen_length": "canvas length", "t_max": "temperature start", "t_min": "temperature end",
            "precise": "exact mode (--precise)"}
+# block diffusion (SDAR, BD3LM): the canvas is one block, steps are per block, the answer is max tokens
+_BLOCK_LABELS = {"gen_length": "canvas (one block)", "block_length": "block length", "steps": "steps per block",
+                 "max_tokens": "max tokens (answer)"}
 
 
-def sources_text(table: Mapping[str, Mapping[str, Any]], uniform_state: bool) -> str:
+def sources_text(table: Mapping[str, Mapping[str, Any]], uniform_state: bool, *, block_size: int | None = None) -> str:
     """The settings a chat runs with and where each came from (model_backend/param_resolution's
     table, as `dgchat generate --json` prints it), one per line: "steps  48  (model file)".
     Settings no one chose (DiffusionParams' own defaults: seed 0, cfg 0, ...) are left out, and a
-    uniform-state model's fixed temperature, which it does not read while it denoises."""
+    uniform-state model's fixed temperature, which it does not read while it denoises. With
+    `block_size` (block diffusion) the names say what they mean there ("steps per block")."""
+    labels = {**_LABELS, **_BLOCK_LABELS} if block_size else _LABELS
     rows = []
     for name, row in table.items():
         if row["source"] == "default" and name != "precise":
@@ -67,6 +72,6 @@ def sources_text(table: Mapping[str, Mapping[str, Any]], uniform_state: bool) ->
             continue
         value = row["value"]
         text = (f"{len(value)} entries" if value else "none") if isinstance(value, list) else value_text(value)
-        rows.append((_LABELS.get(name, name.replace("_", " ")), text, str(row["source"])))
+        rows.append((labels.get(name, name.replace("_", " ")), text, str(row["source"])))
     width = max((len(label) for label, _, _ in rows), default=0)
     return "\n".join(f"  {label.ljust(width)}  {text}  ({source})" for label, text, source in rows)

@@ -10,6 +10,11 @@ a DiffusionGemma (uniform-state, the bundled model too) never reads it while it 
 temperature anneals from t_max to t_min over each canvas's steps, so for it the form shows those two
 ("Temp. start", "Temp. end") and what runs ("runs 0.8 → 0.4"), as the status line does.
 
+A block-diffusion model (SDAR, BD3LM) writes its answer block after block: its canvas and block
+length are the model's block size, fixed by its training, so those fields (and the algorithm and
+cache mode, which have one value there) are shown disabled with a note (block_notes); its steps are
+per block, its threshold SDAR's dynamic rule, and Max tokens is the answer's length.
+
 Fields are checked as they are typed: a field that is not a number, or that the engine's
 `resolve` refuses, says why in place of its "default: …" note, and Save refuses with the same
 message. The model is a path (typed, → completes) or chosen from the model picker (Choose…).
@@ -95,6 +100,27 @@ def fields_for(annealed: bool) -> tuple[str, ...]:
         else:
             shown.append(name)
     return tuple(shown)
+
+
+# block diffusion: fields that have one value for such a model (the engine refuses or replaces others)
+BLOCK_FIXED = ("gen_length", "block_length", "algorithm", "cache")
+
+
+def block_notes(block_size: int, variant: str = "") -> dict[str, str]:
+    """The help beside each field for a block-diffusion model (SDAR, BD3LM) with blocks of
+    `block_size` tokens: what the field means there, and which fields are fixed (one line in the
+    form's third column at 80 columns, "default: … · " included)."""
+    name = {"sdar": "SDAR", "bd3lm": "BD3LM"}.get(variant, variant.upper() or "the model")
+    return {
+        "steps": f"per block (blocks of {block_size} tokens)",
+        "gen_length": "fixed: one block (Max tokens: the answer)",
+        "block_length": f"fixed: the model's blocks of {block_size}",
+        "algorithm": "fixed: the most confident positions first",
+        # SDAR's low_confidence_dynamic (JetAstra/SDAR generate.py), not Fast-dLLM's threshold
+        "threshold": "SDAR's dynamic threshold" if variant != "bd3lm" else f"{name}'s schedule; a value: SDAR's",
+        "cache": "fixed: finished blocks are cached exactly",
+        "max_tokens": "the whole answer's length",
+    }
 
 
 @dataclass(frozen=True)
@@ -213,10 +239,19 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
         check_model: Callable[[str], str | None],
         default_model: Path | None = None,
         annealed: bool = False,
+        block_size: int | None = None,
+        variant: str = "",
     ) -> None:
-        """`annealed`: the model's temperature runs t_max → t_min (DiffusionGemma), see fields_for."""
+        """`annealed`: the model's temperature runs t_max → t_min (DiffusionGemma), see fields_for.
+        `block_size`: a block-diffusion model (`variant` "sdar" / "bd3lm"), see block_notes."""
         super().__init__(classes="dialog-screen")
         self.fields = fields_for(annealed)
+        self.block_size = block_size or None
+        self.notes = block_notes(block_size, variant) if block_size else {}
+        # shown (the model's value) but not editable; the chat's own values for them are kept as they
+        # are, unless Reset: they apply again to a model of another family
+        self.fixed = frozenset(BLOCK_FIXED) if block_size else frozenset()
+        self._drop_fixed = False
         self.chat_title = chat_title
         self.model = model
         self.default_model_name = default_model_name
@@ -246,14 +281,16 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
                     for name in self.fields:
                         label, kind, _help = FIELDS[name]
                         yield Label(label, id=f"label-{name}", classes="settings--label")
-                        value = getattr(effective, name)
+                        fixed = name in self.fixed
+                        value = getattr(self.defaults if fixed else effective, name)
                         if isinstance(kind, tuple):
                             # blank only where the model has no value (a server that samples its own way)
                             yield Select([(c, c) for c in kind], value=value if value in kind else Select.NULL,
-                                         allow_blank=value not in kind, id=f"field-{name}", compact=True)
+                                         allow_blank=value not in kind, id=f"field-{name}", compact=True,
+                                         disabled=fixed)
                         else:
                             # plain text, not type="integer": a letter typed by mistake shows, and is named
-                            yield Input(_fmt(value), id=f"field-{name}", compact=True)
+                            yield Input(_fmt(value), id=f"field-{name}", compact=True, disabled=fixed)
                         yield Label(self._default_hint(name), id=f"hint-{name}", classes="settings--hint",
                                     markup=False)
             yield Label("", id="settings-error", markup=False)
@@ -273,7 +310,9 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
         default = _fmt(getattr(self.defaults, name)) or "off"
         if name == "t_min":
             return f"default: {default} · runs {self._schedule(values)} over a canvas"
-        return f"default: {default} · {FIELDS[name][2]}"
+        if name in self.fixed:
+            return self.notes[name]
+        return f"default: {default} · {self.notes.get(name) or FIELDS[name][2]}"
 
     def _schedule(self, values: dict[str, Any] | None) -> str:
         """The annealed temperature the form's values give, as the status line writes it."""
@@ -318,6 +357,8 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
         first = ""
         for name in self.fields:
             label, kind, _help = FIELDS[name]
+            if name in self.fixed:
+                continue  # the model's value: nothing the chat chooses
             if isinstance(kind, tuple):
                 chosen = self.query_one(f"#field-{name}", Select).value
                 values[name] = None if chosen is Select.NULL else chosen
@@ -360,7 +401,10 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
                 self._show_problems({"model": problem})
                 raise DgchatError(f"Model: {problem}")
         system = self.query_one("#field-system", TextArea).text
-        return ChatSettings(model=model, system_prompt=system, params=self._overrides(values))
+        params = self._overrides(values)
+        if not self._drop_fixed:  # the chat's own values of fields this model fixes: for other models
+            params.update({k: v for k, v in self.overrides.items() if k in self.fixed and v is not None})
+        return ChatSettings(model=model, system_prompt=system, params=params)
 
     def _first_invalid(self) -> None:
         for name in ("model", *self.fields):
@@ -417,6 +461,7 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
         self.dismiss(settings)
 
     def action_reset(self) -> None:
+        self._drop_fixed = True
         for name in self.fields:
             kind = FIELDS[name][1]
             value = getattr(self.defaults, name)

@@ -42,12 +42,10 @@ and every step's body scrolls.
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 from typing import Any
 
 from dgchat import assets
 from dgchat.app import model_ops
-from dgchat.model_backend.engine_protocol import served
 from dgchat.app.generation import ChatAnswer
 from dgchat.app.live_view import LiveView
 from dgchat.app.model_ops import (
@@ -59,7 +57,8 @@ from dgchat.app.model_ops import (
 )
 from dgchat.app.model_source import ModelSource, ServerSource
 from dgchat.app.no_model_screen import NoModelScreen
-from dgchat.app.session import Engine, JobDone, ModelChange, ModelSession
+from dgchat.app.session import JobDone, ModelChange, ModelSession
+from dgchat.app.trial import trial_params
 from dgchat.app.widgets.canvas import LiveCanvas
 from dgchat.app.widgets.checkpoint_pull import PullPanel, conversion_label, keep_answer
 from dgchat.app.widgets.checkpoint_pull import download_confirm as checkpoint_confirm
@@ -78,9 +77,7 @@ from dgchat.hub.machine_profile import MachineProfile, ProfileCancelled, summary
 from dgchat.hub.manager import ModelRow, PullResult
 from dgchat.hub.registry import InstalledModel
 from dgchat.hub.util import format_bytes
-from dgchat.model_backend.errors import DgchatError, InvalidParameterError
-from dgchat.model_backend.param_resolution import CONFIG, Layer, resolved_for
-from dgchat.model_backend.params import DiffusionParams
+from dgchat.model_backend.errors import DgchatError
 from dgchat.remote.client import API_KEY_ENV, RemoteClient
 from dgchat.terminal_text import one_line, safe_document, safe_message
 from rich.table import Table
@@ -105,7 +102,6 @@ STEPS = ("welcome", "hardware", "model", "download", "ready")
 STEP_TITLES = {"welcome": "Welcome", "hardware": "This machine", "model": "Model", "download": "Download",
                "ready": "Ready"}
 TEST_PROMPT = "Say hello and tell me, in one sentence, what you can do."
-TEST_TOKENS = 32  # the test answer's canvas: long enough to watch, short enough on a CPU
 SERVER_CHECK_TIMEOUT = 15.0  # seconds the server form waits for /v1/models (connect and answer)
 KEY_NOT_SAVED = ("Not saved: the key is used now, and later starts read it from $DGCHAT_API_KEY "
                  "(or --api-key). Tick the box to keep it in the config file.")
@@ -137,30 +133,6 @@ SHORT = 28  # rows below which the buttons lose their borders and the table show
 SHORT_LABELS = {"Use a server…": "Server…", "Use the bundled model": "Bundled model",
                 "Choose another model": "Other model", "Run the test again": "Test again"}
 HW_LABEL_WIDTH = (14, 12)  # #hw-grid's first column (below NARROW columns): the speed rows line up with it
-
-
-def trial_params(engine: Engine, base: DiffusionParams) -> DiffusionParams:
-    """The chat's settings for this model, on a canvas of at most TEST_TOKENS tokens with
-    proportionally fewer steps (a multiple of the number of blocks); the full settings if the
-    shortened ones do not validate."""
-    server = served(engine)
-    if server is not None:  # the config's settings that this server cannot take stay unset
-        plain = DiffusionParams()
-        base = replace(base, **{n: getattr(plain, n) for n in server.unsupported(base)})
-        if not server.is_dgchat:  # it samples with its own settings: only the answer's length is ours
-            return engine.resolve(replace(base, max_tokens=TEST_TOKENS))
-    full = resolved_for(engine, [Layer.of(CONFIG, base)]).params  # model_backend/param_resolution
-    if full.gen_length <= TEST_TOKENS:
-        return full
-    gen = TEST_TOKENS
-    block = full.block_length if full.block_length and gen % full.block_length == 0 else None
-    n_blocks = gen // block if block else 1
-    steps = max(n_blocks, min(full.steps, round(full.steps * gen / full.gen_length)))
-    steps -= steps % n_blocks
-    try:
-        return engine.resolve(replace(full, gen_length=gen, block_length=block, steps=steps, max_tokens=gen))
-    except InvalidParameterError:
-        return full
 
 
 def _size_text(value: int | None) -> str:

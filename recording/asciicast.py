@@ -94,7 +94,8 @@ def asciicast(history: DenoisingHistory, final: str, *, summary: str, width: int
     over it ('41 tokens · 48 steps · 1.0 s')."""
     check_width(width)
     vocab = vocab if vocab is not None else history.vocab
-    frames = [ansi_lines(render_step(vocab, event, timings=False), width) for event in history.events()]
+    frames = [ansi_lines(render_step(vocab, event, timings=False, block_size=history.block_size), width)
+              for event in history.events()]
     if history.truncated:
         summary += " · recording cut short"
     ending = ansi_lines(final_text(final, summary), width)

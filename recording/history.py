@@ -5,7 +5,11 @@ and keeps, per step, only the canvas positions whose token or state changed sinc
 step: their position, token id and whether the model had accepted (decided) them. The first step
 of each canvas is a keyframe (every position, and the answer's tokens from earlier canvases).
 It also keeps the text and kind (special, end of turn) of every token that appears, so a history
-replays without the model that wrote it.
+replays without the model that wrote it, and, for an answer written block after block (block
+diffusion, recording.blocks), the block size, so that its replay counts blocks as the live canvas did.
+A block answer is many small canvases: each block's first step is a keyframe that repeats the
+answer's earlier tokens, which zlib stores as back-references (a 512-token answer in blocks of 4 is
+128 keyframes: 6 KB packed on the tiny test model, 13 bytes a step).
 
 `DenoisingHistory.to_bytes()` packs it (numpy arrays, zlib) for the chat database;
 `from_bytes()` reads it back, checking every count and index, since a database file is as
@@ -31,6 +35,7 @@ import numpy as np
 from dgchat.model_backend.canvas import CanvasSnapshot, Cell
 from dgchat.model_backend.errors import DgchatError
 from dgchat.model_backend.events import StepEvent, StepTiming
+from dgchat.recording.blocks import MAX_BLOCK, block_size_of
 
 MAGIC = b"DGH\x01"  # format 1
 MAX_STEPS = 16384
@@ -103,6 +108,7 @@ class DenoisingHistory:
     codes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))
     answer: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # keyframes' earlier-canvas tokens
     vocab: RecordedVocab = field(default_factory=lambda: RecordedVocab({}))
+    block_size: int | None = None  # the answer was written block after block, blocks of this size
 
     @property
     def steps(self) -> int:
@@ -156,6 +162,8 @@ class DenoisingHistory:
             "answer": int(self.answer.size),
             "pieces": [text for _, text, _ in entries],
         }
+        if self.block_size is not None:  # absent otherwise: older dgchat reads the same header
+            header["block_size"] = int(self.block_size)
         head = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
         wide = bool(self.positions.size) and int(self.positions.max()) > 0xFFFF
         parts = [
@@ -187,6 +195,10 @@ class DenoisingHistory:
             at += head_len
             steps, changes, answer_len = (int(header[k]) for k in ("steps", "changes", "answer"))
             pieces = header["pieces"]
+            block_size = header.get("block_size")
+            if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int)
+                                           or not 0 < block_size <= MAX_BLOCK):
+                raise HistoryError("the recording's block size is out of range")
             if not (0 <= steps <= MAX_STEPS and 0 <= changes <= MAX_CHANGES and 0 <= answer_len
                     and isinstance(pieces, list) and all(isinstance(p, str) for p in pieces)):
                 raise HistoryError("the recording's counts are out of range")
@@ -214,7 +226,8 @@ class DenoisingHistory:
         except (zlib.error, struct.error, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
             raise HistoryError(f"the recording is damaged ({type(exc).__name__})") from None
         history = cls(bool(header.get("uniform_state")), bool(header.get("truncated")), meta, positions, tokens,
-                      codes, answer, RecordedVocab({t: (p, k) for t, p, k in zip(ids, pieces, kinds)}))
+                      codes, answer, RecordedVocab({t: (p, k) for t, p, k in zip(ids, pieces, kinds)}),
+                      block_size=block_size)
         history._check()
         return history
 
@@ -245,10 +258,13 @@ class DenoisingHistory:
 
 
 class HistoryRecorder:
-    """Collects a generation's steps (call `add` with each StepEvent, on the worker thread)."""
+    """Collects a generation's steps (call `add` with each StepEvent, on the worker thread).
+    `block_size`: the answer is written block after block (default: the engine `vocab` says so,
+    recording.blocks.block_size_of)."""
 
-    def __init__(self, vocab: TokenVocab) -> None:
+    def __init__(self, vocab: TokenVocab, *, block_size: int | None = None) -> None:
         self._vocab = vocab
+        self.block_size = block_size if block_size is not None else block_size_of(vocab)
         self._meta: list[tuple[int, ...]] = []
         self._positions: list[np.ndarray] = []
         self._tokens: list[np.ndarray] = []
@@ -309,4 +325,5 @@ class HistoryRecorder:
         meta = np.array(self._meta, np.int32).reshape(len(self._meta), _META_COLUMNS)
         return DenoisingHistory(self.uniform_state, self.truncated, meta, joined(self._positions, np.int32),
                                 joined(self._tokens, np.int32), joined(self._codes, np.uint8),
-                                joined(self._answer, np.int32), RecordedVocab(dict(self._pieces)))
+                                joined(self._answer, np.int32), RecordedVocab(dict(self._pieces)),
+                                block_size=self.block_size)

@@ -6,6 +6,12 @@ of turn, ...) are never drawn and nothing is drawn after the answer's end token 
 model_backend.canvas_view's, shared with `dgchat generate --visual`). A thin progress line above
 reads "step k/N · committed/length tokens · tok/s". The widget is fed the latest StepEvent by the
 screen's refresh timer and renders only when asked, so its cost is bounded by the frame rate.
+
+An answer written block after block (block diffusion: SDAR, BD3LM) is many small canvases, one per
+block; the widget shows the answer so far with the current block filling in at its end, and its
+progress line counts blocks and the answer's tokens: "block 12 · step 3/4 · 47 tokens · tok/s"
+(recording.blocks). Its room below the text is kept for BLOCK_LOOKAHEAD_TOKENS tokens to come, not
+for the block alone, so the conversation is laid out again every few dozen tokens, not every line.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from dgchat.model_backend.canvas_view import (
     shown_cells,
 )
 from dgchat.model_backend.events import StepEvent
+from dgchat.recording.blocks import block_label, block_size_of, decided_count
 from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
@@ -32,6 +39,7 @@ from textual.widget import Widget
 
 _PROGRESS = -2  # style key of the progress line
 TYPICAL_TOKEN_CELLS = 4.0
+BLOCK_LOOKAHEAD_TOKENS = 64  # a block answer: room below its text for this many tokens still to come
 _VISIBLE_CONTROLS = VISIBLE_CONTROLS  # (the name the NPC and drafting widgets import)
 
 
@@ -92,11 +100,19 @@ def chop_cells(text: str, cells: int) -> tuple[str, str]:
     return text, ""
 
 
-def progress_text(event: StepEvent, *, stopping: bool = False) -> str:
-    decided = int(event.answer_tokens.size) + int(event.committed)
+def progress_text(event: StepEvent, *, stopping: bool = False, block_size: int | None = None,
+                  limit: int | None = None) -> str:
+    """'step 3/8 · canvas 2 · 5/32 tokens · 41.0 tok/s'; an answer written in blocks (`block_size`):
+    'block 12 · step 3/4 · 47 tokens · 41.0 tok/s' (the answer's decided tokens, at most `limit`:
+    a last block may run past the answer's length)."""
+    decided = decided_count(event)
+    if block_size and limit:
+        decided = min(decided, int(limit))
     rate = decided / event.elapsed_s if event.elapsed_s > 0 else 0.0
-    canvas = f" · canvas {event.canvas_index + 1}" if event.canvas_index else ""
     state = " · stopping…" if stopping else ""
+    if block_size:
+        return f"{block_label(event)} · {decided} tokens · {rate:.1f} tok/s{state}"
+    canvas = f" · canvas {event.canvas_index + 1}" if event.canvas_index else ""
     return (
         f"step {event.canvas_step}/{event.total_steps}{canvas} · {event.committed}/{event.canvas_length} tokens"
         f" · {rate:.1f} tok/s{state}"
@@ -125,10 +141,15 @@ class LiveCanvas(Widget):
     LiveCanvas { height: 2; }
     """
 
-    def __init__(self, vocab: TokenText, *, canvas_length: int = 0, **kwargs: Any) -> None:
+    def __init__(self, vocab: TokenText, *, canvas_length: int = 0, block_size: int | None = None,
+                 answer_limit: int | None = None, **kwargs: Any) -> None:
+        """`block_size`: the answer is written block after block (default: the engine `vocab` says
+        so); `answer_limit`: tokens the answer may take at most (a block answer keeps no room past it)."""
         super().__init__(**kwargs)
         self.vocab = vocab  # the engine's vocabulary, or a recording's own (a replay)
         self.canvas_length = canvas_length  # positions the first canvas will have: its room is reserved at once
+        self.block_size = block_size if block_size is not None else block_size_of(vocab)
+        self.answer_limit = answer_limit
         self.event: StepEvent | None = None
         self.stopping = False
         self.frames = 0  # rebuilds (one per event shown), for tests and the benchmark
@@ -238,7 +259,8 @@ class LiveCanvas(Widget):
             head = Segment("waiting for the first step…"[:width], progress_style)
             self._strips = [Strip([head]).adjust_cell_length(width, base)]
         else:
-            line = progress_text(self.event, stopping=self.stopping)
+            line = progress_text(self.event, stopping=self.stopping, block_size=self.block_size,
+                                 limit=self.answer_limit)
             head = Strip([Segment(line, progress_style)]).crop(0, width).adjust_cell_length(width, base)
             self._strips = [head, *_wrap(self._spans(), styles, width, base)]
         needed = len(self._strips)
@@ -281,11 +303,22 @@ class LiveCanvas(Widget):
             self._combined_styles = cached
         return cached[1], cached[2]
 
+    def _ahead(self, decided: int) -> int:
+        """A block answer: tokens still to come that its room is kept for (none for other answers,
+        whose canvas holds all of them as placeholders)."""
+        if not self.block_size:
+            return 0
+        ahead = BLOCK_LOOKAHEAD_TOKENS
+        if self.answer_limit:
+            ahead = min(ahead, max(0, int(self.answer_limit) - decided))
+        return ahead
+
     def _planned_rows(self, width: int) -> int:
         """Lines for a canvas of `canvas_length` undecided positions once they are decided, at
         English's ~4 cells a token: taken when the canvas is mounted, so that the first steps do not
-        each make the conversation lay out again."""
-        return -(-self.canvas_length * int(TYPICAL_TOKEN_CELLS) // width) if self.canvas_length else 0
+        each make the conversation lay out again (a block answer: its first tokens to come)."""
+        tokens = max(self.canvas_length, self._ahead(0))
+        return -(-tokens * int(TYPICAL_TOKEN_CELLS) // width) if tokens else 0
 
     def _room_to_grow(self, width: int) -> int:
         event = self.event
@@ -294,13 +327,19 @@ class LiveCanvas(Widget):
         # only what is shown: positions after the answer's end token will never take room
         spans = self._spans()
         undecided = sum(1 for _, _, key in spans if key == Cell.MASKED)
-        if not undecided:
+        # a block answer: the blocks after this one are not on the canvas yet; keep room for some
+        # (none once the block holds the answer's end)
+        ahead = self._ahead(decided_count(event))
+        if ahead and any(state != Cell.MASKED and self.vocab.is_end(token) for token, state
+                         in zip(event.canvas.tokens.tolist(), event.canvas.state.tolist())):
+            ahead = 0
+        if not undecided and not ahead:
             return 0
         decided = [width for _, width, key in spans if key != Cell.MASKED]
         measured = sum(decided) / len(decided) if decided else 0.0
         # early on few tokens are known: assume at least English's ~4 cells a token
         avg = measured if len(decided) >= 16 else max(measured, TYPICAL_TOKEN_CELLS)
-        return int(undecided * max(0.0, avg - 1.0) // width) + 1
+        return int((undecided * max(0.0, avg - 1.0) + ahead * avg) // width) + 1
 
     def render_line(self, y: int) -> Strip:
         if y < len(self._strips):

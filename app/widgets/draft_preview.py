@@ -2,6 +2,10 @@
 at the span, the canvas denoising live (undecided positions as dim dots, the latest commits
 highlighted), then the finished proposal highlighted until it is accepted or rejected.
 
+A model that writes left to right (block diffusion) proposes block after block: the preview shows
+the finished blocks and the current one at the span, up to the span's length for a rewrite (its
+last block may run past it; those positions are not part of the proposal).
+
 It stands in for the TextArea while a proposal is open, starting at the document line that was at
 the top of the editor, so the span stays where it was on screen. Drawn with the line API from word
 runs (the chat canvas's `_wrap`), rebuilt only when a new step arrives or the width changes.
@@ -55,6 +59,7 @@ class DraftPreview(Widget):
         self.engine = engine
         self.kind = "rewrite"
         self.span = 0
+        self.left_to_right = False
         self.event: StepEvent | None = None
         self.text: str | None = None  # the finished proposal
         self.frames = 0
@@ -66,8 +71,10 @@ class DraftPreview(Widget):
         self._built_for: tuple[Any, ...] | None = None
         self._height = 0
 
-    def start(self, engine: Engine, before: str, after: str, kind: str, span: int = 0) -> None:
-        """A new proposal between `before` and `after` (the document text drawn around it)."""
+    def start(self, engine: Engine, before: str, after: str, kind: str, span: int = 0, *,
+              left_to_right: bool = False) -> None:
+        """A new proposal between `before` and `after` (the document text drawn around it);
+        `left_to_right`: written block after block (the span is its whole length, not one canvas)."""
         if engine is not self.engine:
             self._pieces.clear()
         self.engine = engine
@@ -79,6 +86,7 @@ class DraftPreview(Widget):
         self._after = _word_runs(after[:WINDOW_CHARS], _TEXT)
         self.kind = kind
         self.span = span
+        self.left_to_right = left_to_right
         self.event = None
         self.text = None
         self._built_for = None
@@ -115,14 +123,20 @@ class DraftPreview(Widget):
             return [(PLACEHOLDER * max(1, min(self.span, 64)), max(1, min(self.span, 64)), _MASKED)]
         runs: list[tuple[str, int, int]] = []
         ends = self._ends
-        for tok in event.answer_tokens.tolist():
+        answer = event.answer_tokens.tolist()
+        tokens = event.canvas.tokens.tolist()
+        states = event.canvas.state.tolist()
+        if self.kind == "rewrite" and self.left_to_right:
+            # blocks: the span is the earlier blocks and the current one, cut at its length
+            answer = answer[: self.span]
+            room = max(0, self.span - len(answer))
+            tokens, states = tokens[:room], states[:room]
+        elif self.kind == "rewrite":
+            tokens, states = tokens[: self.span], states[: self.span]
+        for tok in answer:
             if tok not in ends:
                 text, width = self._piece(tok)
                 runs.append((text, width, _DONE))
-        tokens = event.canvas.tokens.tolist()
-        states = event.canvas.state.tolist()
-        if self.kind == "rewrite":
-            tokens, states = tokens[: self.span], states[: self.span]
         uniform = event.uniform_state
         for tok, state in zip(tokens, states):
             if state == Cell.MASKED:

@@ -40,9 +40,10 @@ def _number(value: object) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
-def speed_parts(stats: dict[str, Any], canvas_length: int) -> tuple[str, str]:
+def speed_parts(stats: dict[str, Any], canvas_length: int, *, blocks: bool = False) -> tuple[str, str]:
     """(what the tokens were decided on, how fast): ("", "51.2 tok/s") for an answer that filled
-    its canvas, ("canvas 256", "1.3 s") for a short one (see MIN_RATE_TOKENS)."""
+    its canvas, ("canvas 256", "1.3 s") for a short one (see MIN_RATE_TOKENS); `blocks`: the
+    canvases were the blocks of a block-diffusion answer ("2 blocks of 4")."""
     tokens = _count(stats.get("tokens"))
     rate = _number(stats.get("tokens_per_s"))
     elapsed = _number(stats.get("elapsed_s"))
@@ -52,7 +53,9 @@ def speed_parts(stats: dict[str, Any], canvas_length: int) -> tuple[str, str]:
     if rate > 0 and tokens >= MIN_RATE_TOKENS and filled:
         return "", f"{rate:.1f} tok/s"
     canvas = ""
-    if positions:
+    if positions and blocks:
+        canvas = f"{canvases} block{'s' if canvases != 1 else ''} of {canvas_length}"
+    elif positions:
         canvas = f"canvas {canvas_length}" if canvases == 1 else f"{canvases} canvases of {canvas_length}"
     return canvas, (f"{elapsed:.1f} s" if elapsed > 0 else "")
 
@@ -60,14 +63,19 @@ def speed_parts(stats: dict[str, Any], canvas_length: int) -> tuple[str, str]:
 def meta_line(message: Message) -> str:
     """'128 tokens · 64 steps · 51.2 tok/s · model' for a finished answer; a short answer says what
     it was decided on and how long that took instead of a rate: '3 tokens (canvas 256) · 8 steps ·
-    1.3 s · model' (see speed_parts)."""
+    1.3 s · model' (see speed_parts). A block-diffusion answer counts its blocks: '512 tokens ·
+    128 blocks · 436 steps · 255.1 tok/s · model'."""
     meta = message.meta
     parts: list[str] = []
     stats = meta.get("stats") or {}
     if isinstance(stats, dict) and stats:
         params = meta.get("params") if isinstance(meta.get("params"), dict) else {}
-        canvas, speed = speed_parts(stats, _count(params.get("gen_length")))
+        blocks = _count(meta.get("block_size")) > 0
+        canvas, speed = speed_parts(stats, _count(params.get("gen_length")), blocks=blocks)
         parts.append(f"{_count(stats.get('tokens'))} tokens" + (f" ({canvas})" if canvas else ""))
+        if blocks and not canvas:
+            n = _count(stats.get("canvases"))
+            parts.append(f"{n} block{'s' if n != 1 else ''}")
         parts.append(f"{_count(stats.get('steps'))} steps")
         if speed:
             parts.append(speed)

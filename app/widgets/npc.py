@@ -11,6 +11,7 @@ from typing import Any
 
 from dgchat.model_backend.engine_protocol import Engine
 from dgchat.app.widgets.canvas import _PROGRESS, LiveCanvas, _wrap
+from dgchat.recording.blocks import block_label
 from dgchat.npc.cards import CharacterCard
 from dgchat.npc.generator import LineBatch, LineVariant
 from dgchat.npc.templates import line_pieces, parse_template
@@ -118,6 +119,8 @@ class VariantCanvas(LiveCanvas):
         styles = self._styles()
         if event is None:
             line = f"{self.head} · waiting for the model…"
+        elif self.block_size:  # written block after block (block diffusion): which block, its step
+            line = f"{self.head} · {block_label(event)}"
         else:
             line = f"{self.head} · step {event.canvas_step}/{event.total_steps}"
         if self.stopping:

@@ -8,6 +8,10 @@ reads `▶ step 12/48 · 10 steps/s` with a slider for the position (a click on 
 
 The pace is steps per second, or "real": each step when it came while the answer was generated (a
 fast model's whole answer takes a fraction of a second at that pace).
+
+An answer written block after block (block diffusion) replays as it was drawn live: the answer so
+far with each block filling in at its end, the progress line counting blocks (its recording keeps
+the block size).
 """
 
 from __future__ import annotations
@@ -125,7 +129,11 @@ class ReplayView(Vertical, can_focus=True):
         self._last = 0.0
         self._timer: Timer | None = None
         first = self.steps[0] if self.steps else None
+        last = self.steps[-1] if self.steps else None
+        # a block answer (many small canvases): room for the whole recorded answer, kept from the start
         self.canvas = LiveCanvas(history.vocab, canvas_length=first.canvas_length if first else 0,
+                                 block_size=history.block_size,
+                                 answer_limit=int(last.answer_tokens.size) + last.canvas_length if last else None,
                                  classes="replay--canvas")
         self.slider = ReplaySlider(classes="replay--slider")
 

@@ -54,7 +54,8 @@ PROMPTS = (
     "Who guards the gate after dark?",
 )
 SYNC_END = b"\x1b[?2026l"
-STEP_LINE = re.compile(r"step (\d+)/(\d+)(?: · canvas (\d+))?")
+# "step 3/24 · canvas 2" (canvas models), "block 12 · step 3/4" (block diffusion: recording.blocks)
+STEP_LINE = re.compile(r"(?:block (\d+) · )?step (\d+)/(\d+)(?: · canvas (\d+))?")
 LOADED = re.compile(r"\.gguf · (?!not loaded|failed)")  # the status line once the model is loaded
 PROBE = 16  # characters of the answer (letters and digits) that show it is on screen
 UNDECIDED_RUN = re.compile("··")  # undecided positions side by side: only a live canvas draws these
@@ -252,7 +253,7 @@ def analyse(frames, start: float, end: float, answer: dict) -> dict:
         marker = bool(CANVAS_SHOWN.search(text))
         marker_seen = marker_seen or marker
         for m in STEP_LINE.finditer(text):
-            drawn.add((int(m.group(3) or 1), int(m.group(1))))
+            drawn.add((int(m.group(1) or m.group(4) or 1), int(m.group(2))))
         shown = alnum(text)
         canvas = marker or bool(UNDECIDED_RUN.search(text))
         words = bool(probes) and any(shown[i:i + PROBE] in probes for i in range(max(0, len(shown) - PROBE + 1)))

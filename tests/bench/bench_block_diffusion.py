@@ -22,7 +22,7 @@ Every configuration is warmed up once (graph allocation, page faults), then meas
 what the published dynamic threshold would give on real weights at that rate.
 
     python tests/bench/make_fullshape_block.py --out /tmp/bd-full          # writes the two files
-    python tests/bench/bench_block_diffusion.py /tmp/bd-full/*.gguf [--runs 3] [--json out.json]
+    python tests/bench/bench_block_diffusion.py /tmp/bd-full/*.gguf [--runs 3] [--threads 2] [--remeasure]
 """
 
 from __future__ import annotations
@@ -269,8 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS)
     ap.add_argument("--answer-tokens", type=int, default=ANSWER_TOKENS)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--remeasure", action="store_true", help="measure the machine profile again first")
     args = ap.parse_args(argv)
-    profile = machine_profile.ensure_profile(args.threads)
+    profile = machine_profile.ensure_profile(args.threads, remeasure=args.remeasure)
     print(f"machine profile: {profile.measured_at}, {profile.threads} threads", flush=True)
     results = []
     for path in args.models:

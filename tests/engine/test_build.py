@@ -27,7 +27,7 @@ def test_version_and_patch_level_agree() -> None:
 
 def test_cache_key_tracks_patches_and_cmake_args(tmp_path: Path) -> None:
     patches = build.patch_files()
-    assert [p.name[:4] for p in patches] == [f"{i:04d}" for i in range(1, 17)]
+    assert [p.name[:4] for p in patches] == [f"{i:04d}" for i in range(1, 18)]
     k = build.build_key(patches, "")
     assert k == build.build_key(patches, "")
     assert k != build.build_key(patches, "-DGGML_CUDA=on")

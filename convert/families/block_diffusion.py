@@ -334,25 +334,6 @@ def _sdar_arch(ckpt: Checkpoint) -> str:
 # -- metadata -------------------------------------------------------------------------------------
 
 
-def write_model_kv(plan: GGUFPlan, arch: str, hp: m.Hparams, explicit_head_dim: bool) -> None:
-    """llama.cpp's hyper-parameter keys for `qwen3` / `qwen2` (what its converter writes), without
-    `attention.causal`: the file is an ordinary causal LM until the engine switches that off."""
-    a = arch
-    plan.u32(f"{a}.context_length", hp.context_length)
-    plan.u32(f"{a}.embedding_length", hp.hidden)
-    plan.u32(f"{a}.block_count", hp.n_layer)
-    plan.u32(f"{a}.feed_forward_length", hp.ff)
-    plan.u32(f"{a}.attention.head_count", hp.n_head)
-    plan.u32(f"{a}.attention.head_count_kv", hp.n_head_kv)
-    if explicit_head_dim or hp.head_dim * hp.n_head != hp.hidden:
-        plan.u32(f"{a}.attention.key_length", hp.head_dim)
-        plan.u32(f"{a}.attention.value_length", hp.head_dim)
-    plan.u32(f"{a}.rope.dimension_count", hp.head_dim)
-    plan.f32(f"{a}.rope.freq_base", hp.rope_theta)
-    plan.f32(f"{a}.attention.layer_norm_rms_epsilon", hp.rms_eps)
-    plan.u32(f"{a}.vocab_size", hp.n_vocab)
-
-
 def write_block_kv(plan: GGUFPlan, variant: str, block: int, source: str, eos_ids: list[int]) -> None:
     """dgchat's keys of the family (docs/BLOCK_DIFFUSION.md, "GGUF layout")."""
     v = VARIANTS[variant]
@@ -464,7 +445,8 @@ def plan_from_hf(ckpt: Checkpoint, outtype: str, name: str, *, cache_capable: bo
     for src, dst, shape in tensor_layout(hp, arch):
         b.add(src, dst, shape)
     b.check_all_used(f"{det.variant} ({arch})", ignore=lambda n: hp.tied and n == "lm_head.weight")
-    write_model_kv(plan, arch, hp, explicit)
+    # llama.cpp's keys for qwen3 / qwen2, without attention.causal: a causal LM until the engine switches it
+    m.write_arch_kv(plan, arch, hp, non_causal=False, explicit_head_dim=explicit)
     vocab, eos_ids, vocab_notes = read_vocab(ckpt.folder, cfg, ckpt.generation_config or {}, hp.n_vocab, det.variant)
     vocab.write(plan)
     write_block_kv(plan, det.variant, det.block, "hf-safetensors", eos_ids)

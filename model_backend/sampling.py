@@ -178,6 +178,14 @@ def softmax_and_entropy(processed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return probs, (np.log(total[:, 0]) - weighted / total[:, 0]).astype(np.float32)
 
 
+def log_prob_of(logits: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """log softmax(logits)[row, tokens[row]] per row, in float64 (a model's own score of a text)."""
+    x = np.asarray(logits, dtype=np.float64)
+    m = x.max(axis=1, keepdims=True)
+    logz = m[:, 0] + np.log(np.exp(x - m).sum(axis=1))
+    return x[np.arange(x.shape[0]), np.asarray(tokens)] - logz
+
+
 def inverse_cdf(probs: np.ndarray, uniform: np.ndarray) -> np.ndarray:
     """For each row, the first index whose cumulative probability reaches uniform * row total: a
     categorical draw. The running sum is a float32 sum in index order, as ggml's cumsum on the CPU

@@ -392,3 +392,21 @@ def test_engine_refuses_a_block_size_of_the_wrong_type(base: Path, tmp_path: Pat
     with pytest.raises(DgchatError) as info:
         load_engine(path)
     assert "dgchat.engine.attention_block must be a uint32" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_pseudo_log_likelihood_equals_transformers(base: Path) -> None:
+    """The model's own score of a text (NPC ranking): each answer token masked in turn, its log
+    probability under the block-causal forward, as transformers computes it."""
+    engine = engine_for(base, "bd3lm")  # left padding: the positions move with the context
+    model = torch_model(base, "bd3lm")
+    context, reply = prompt_ids(engine, 11, seed=21), prompt_ids(engine, 6, seed=22)
+    got = engine.pseudo_log_likelihood(context, reply, groups=reply.size)
+    seq = np.concatenate([context, reply])
+    pad = prompt_offset(context.size, engine._setup())
+    want = []
+    for i in range(reply.size):
+        masked = seq.copy()
+        masked[context.size + i] = engine.info.mask_token
+        row = block_causal_logits(model, masked, engine.block_size, pad=pad)[context.size + i].astype(np.float64)
+        want.append(row[reply[i]] - (row.max() + np.log(np.exp(row - row.max()).sum())))
+    assert np.allclose(got, want, atol=1e-3)

@@ -11,9 +11,15 @@ and prints, from one loaded engine per file, side by side:
 - answers of ANSWER tokens at 1, 2 and 4 tokens committed per step (steps per block = B, B/2, B/4
   with the dynamic threshold off, early stop off: random weights would stop anywhere), tokens/s
   counted from the first answer step (the prompt excluded; listed separately);
-- the same file decoded left to right by dgchat (`--ar`: causal attention, the head's argmax), and
-  by a bare llama.cpp loop (one llama_decode a token, logits of the last row, numpy argmax: no
-  dgchat sampler) — the ratio of each block-diffusion tokens/s to both;
+- the same file decoded left to right by dgchat (`--ar`: causal attention, the head's argmax), by a
+  bare llama.cpp loop (one llama_decode a token, logits of the last row, numpy argmax: no dgchat
+  sampler), and with `--llama-bench PATH` by llama.cpp's own llama-bench (`tg`, the same threads) —
+  the ratio of each block-diffusion tokens/s to them. llama-bench is not part of dgchat's engine;
+  build it from the same patched source: unpack the sdist (~/.cache/dgchat/engine/sdist/, or `pip
+  download --no-binary :all: --no-deps llama-cpp-python==0.3.36`), in its vendor/llama.cpp run
+  `for p in engine/patches/*.patch; do patch -p1 < $p; done` (paths from dgchat's checkout), then
+  `cmake -B build -DLLAMA_CURL=OFF && cmake --build build --target llama-bench -j 2` (about 5
+  minutes on 2 cores);
 - the speed prediction (dgchat.hub.speed, on this machine's profile for the engine build and thread
   count: measured first when there is none) next to each number, and measured / predicted.
 
@@ -84,6 +90,7 @@ class FileResult:
     answer_steps: dict[int, int] = field(default_factory=dict)
     ar_tok_s: float = 0.0  # dgchat --ar
     llama_ar_tok_s: float = 0.0  # bare llama.cpp loop
+    llama_bench_tok_s: float = 0.0  # llama.cpp's llama-bench tg (0: not run)
     predicted: dict[str, float] = field(default_factory=dict)
 
 
@@ -200,6 +207,18 @@ def predictions(path: Path, res: FileResult, args: argparse.Namespace, dev) -> N
     res.predicted["ar"] = 1.0 / speed.predict_ar_token_s(shape, dev, P + A // 2)
 
 
+def time_llama_bench(binary: Path, path: Path, n: int, threads: int | None, runs: int) -> float:
+    """llama.cpp's own token generation rate (llama-bench `tg N`) on the same file and threads."""
+    import subprocess
+
+    cmd = [str(binary), "-m", str(path), "-p", "0", "-n", str(n), "-r", str(max(1, runs)), "-o", "json"]
+    if threads:
+        cmd += ["-t", str(threads)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=1800).stdout
+    rows = [r for r in json.loads(out) if r.get("n_gen") == n]
+    return float(rows[0]["avg_ts"])
+
+
 def run_file(path: Path, args: argparse.Namespace, dev) -> FileResult:
     engine = load_engine(path, n_threads=args.threads)
     assert isinstance(engine, BlockDiffusionEngine), f"{path} is not a block-diffusion model"
@@ -227,6 +246,11 @@ def run_file(path: Path, args: argparse.Namespace, dev) -> FileResult:
     print(f"  --ar: {res.ar_tok_s:.2f} tok/s", flush=True)
     res.llama_ar_tok_s = time_llama_ar(engine, prompt, args.answer_tokens, args.runs)
     print(f"  llama.cpp loop: {res.llama_ar_tok_s:.2f} tok/s", flush=True)
+    if args.llama_bench:
+        engine.close()  # llama-bench loads the file itself: one copy in memory at a time
+        res.llama_bench_tok_s = time_llama_bench(args.llama_bench, path, args.answer_tokens, args.threads, args.runs)
+        print(f"  llama-bench tg{args.answer_tokens}: {res.llama_bench_tok_s:.2f} tok/s", flush=True)
+        return res
     engine.close()
     return res
 
@@ -253,11 +277,14 @@ def table(results: list[FileResult]) -> str:
             lines.append(f"  merging the store into the next step at {ctx}: {merged:.3f} s instead of "
                          f"{store:.3f} + {block:.3f} s (saves {1 - merged / (store + block):.0%} of those passes)")
         for k, rate in r.answer_tok_s.items():
+            bench = f", x{rate / r.llama_bench_tok_s:.2f} of llama-bench" if r.llama_bench_tok_s else ""
             lines.append(f"  block diffusion, {k} tok/step  {rate:6.2f} tok/s  x{rate / r.ar_tok_s:.2f} of --ar, "
-                         f"x{rate / r.llama_ar_tok_s:.2f} of llama.cpp AR ({r.answer_steps[k]} steps)"
+                         f"x{rate / r.llama_ar_tok_s:.2f} of llama.cpp AR{bench} ({r.answer_steps[k]} steps)"
                          + _vs(rate, r.predicted.get(f"{k} tok/step")))
         lines.append(f"  dgchat --ar                 {r.ar_tok_s:6.2f} tok/s" + _vs(r.ar_tok_s, r.predicted.get("ar")))
         lines.append(f"  llama.cpp AR loop           {r.llama_ar_tok_s:6.2f} tok/s")
+        if r.llama_bench_tok_s:
+            lines.append(f"  llama-bench tg              {r.llama_bench_tok_s:6.2f} tok/s")
     return "\n".join(lines)
 
 
@@ -270,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--answer-tokens", type=int, default=ANSWER_TOKENS)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--remeasure", action="store_true", help="measure the machine profile again first")
+    ap.add_argument("--llama-bench", type=Path, help="llama.cpp's llama-bench binary, run on each file too")
     args = ap.parse_args(argv)
     profile = machine_profile.ensure_profile(args.threads, remeasure=args.remeasure)
     print(f"machine profile: {profile.measured_at}, {profile.threads} threads", flush=True)

@@ -51,7 +51,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dgchat.hub.machine_profile import MATMUL_TYPES, WIDTHS, DeviceProfile, bytes_per_weight
-from dgchat.model_backend.errors import DgchatError
 from dgchat.model_backend.model_info import inspect_header
 
 if TYPE_CHECKING:
@@ -163,44 +162,12 @@ def shape_from_header(header: GgufHeader, *, family: str, kv_memory: bool, sampl
                               canvas_tokens=canvas_tokens)
 
 
-BLOCK_DIFFUSION_FAMILY_KEY = "block-diffusion"  # `dgchat.family` of a block-diffusion GGUF
-
-
-def is_block_diffusion(header: GgufHeader) -> bool:
-    """A block-diffusion GGUF (SDAR, BD3LM: docs/BLOCK_DIFFUSION.md, "GGUF layout")."""
-    return header.get("dgchat.family") == BLOCK_DIFFUSION_FAMILY_KEY
-
-
-def block_diffusion_sampler(header: GgufHeader) -> dict[str, Any]:
-    """The sampler settings the prediction needs, from a block-diffusion GGUF's own keys: the block
-    size (`dgchat.engine.attention_block`), steps per block, the dynamic rule's threshold (absent:
-    a static schedule), the answer-length default and the variant."""
-    out: dict[str, Any] = {}
-    for key, name, typ in (("dgchat.engine.attention_block", "block_length", int), ("dgchat.steps", "steps", int),
-                           ("dgchat.threshold", "threshold", float),
-                           ("dgchat.block_diffusion.max_tokens", "max_tokens", int),
-                           ("dgchat.block_diffusion.variant", "variant", str)):
-        value = header.get(key)
-        if typ is str:
-            ok = isinstance(value, str)
-        else:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-        if ok:
-            out[name] = typ(value)
-    return out
-
-
 def block_diffusion_shape(header: GgufHeader, *, typical_tokens_per_step: float | None = None) -> ModelShape:
     """A block-diffusion GGUF's shape with its sampler defaults as the engine resolves them
     (model_info.inspect_header: the variant's published settings, the file's keys over them; the
-    file's own keys alone where it cannot be read as a model): what a bench passes to
+    block size as `block_length`), as ModelManager reads a file on disk: what a bench passes to
     predict_block_step_s, predict_prompt_s and predict_block_diffusion."""
-    try:
-        sampler = dict(inspect_header(header).defaults)
-    except DgchatError:
-        sampler = {}
-    sampler.update(block_diffusion_sampler(header))
-    return shape_from_header(header, family="block_diffusion", kv_memory=True, sampler=sampler,
+    return shape_from_header(header, family="block_diffusion", kv_memory=True, sampler=inspect_header(header).defaults,
                              typical_tokens_per_step=typical_tokens_per_step)
 
 

@@ -25,12 +25,10 @@ from dgchat.hub.speed import (
     SDAR_DYNAMIC_SPEEDUP,
     TYPICAL_CANVAS_TOKENS,
     ModelShape,
-    block_diffusion_sampler,
     block_diffusion_shape,
     block_step_plan,
     block_tokens_per_step,
     decode_seconds,
-    is_block_diffusion,
     predict,
     predict_ar_token_s,
     predict_block_diffusion,
@@ -40,6 +38,7 @@ from dgchat.hub.speed import (
     typical_figures,
 )
 from dgchat.model_backend.gguf_file import read_gguf_header
+from dgchat.model_backend.model_info import inspect_header
 
 GIB = 1 << 30
 REFERENCE = Path(__file__).parents[1] / "fixtures" / "machine_profile.json"
@@ -378,9 +377,10 @@ def write_block_diffusion_gguf(path: Path, *, block: int = 4, steps: int | None 
 def test_a_block_diffusion_file_is_predicted_from_its_own_keys(tmp_path: Path) -> None:
     path = write_block_diffusion_gguf(tmp_path / "sdar-tiny.gguf")
     header = read_gguf_header(path)
-    assert is_block_diffusion(header)
-    assert block_diffusion_sampler(header) == {"block_length": 4, "steps": 4, "threshold": pytest.approx(0.85),
-                                               "max_tokens": 512, "variant": "sdar"}
+    info = inspect_header(header)
+    assert info.block_diffusion and info.preset == "sdar"
+    assert {k: block_diffusion_shape(header).sampler[k] for k in ("block_length", "steps", "threshold", "max_tokens")} \
+        == {"block_length": 4, "steps": 4, "threshold": pytest.approx(0.85), "max_tokens": 512}
     shape = ModelManager._shape(None, path)  # through model_info.inspect_header, as the engine reads it
     assert shape is not None and shape.family == "block_diffusion"
     assert (shape.sampler["block_length"], shape.sampler["steps"]) == (4, 4)

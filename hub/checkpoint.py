@@ -60,6 +60,7 @@ from dgchat.hub.download import (
     Progress,
     ProgressCallback,
     partial_paths,
+    progress_text,
 )
 from dgchat.hub.errors import (
     DiskFullError,
@@ -259,7 +260,7 @@ class CheckpointPull:
     def _check_cancel(self, done: int) -> None:
         if self.cancel.is_set():
             raise DownloadCancelled(
-                f"download of {self.entry.title} paused at {_pct(done, self.total)}; pull it again to resume",
+                f"download of {self.entry.title} paused at {progress_text(done, self.total)}; pull it again to resume",
                 resumable=True, bytes_done=done, bytes_total=self.total or None)
 
     # -- the job ------------------------------------------------------------------------------------
@@ -480,12 +481,6 @@ class CheckpointPull:
             return dest
         os.replace(self.folder, dest)
         return dest
-
-
-def _pct(done: int, total: int | None) -> str:
-    if total:
-        return f"{100 * done / total:.0f}% ({format_bytes(done)} of {format_bytes(total)})"
-    return format_bytes(done)
 
 
 __all__ = [

@@ -258,7 +258,7 @@ class Downloader:
     def _check_cancel(self, done: int, total: int | None) -> None:
         if self.cancel.is_set():
             raise DownloadCancelled(
-                f"download of {self.dest.name} paused at {_pct(done, total)}; pull it again to resume",
+                f"download of {self.dest.name} paused at {progress_text(done, total)}; pull it again to resume",
                 resumable=True, bytes_done=done, bytes_total=total)
 
     # -- the job ------------------------------------------------------------------------------------
@@ -410,10 +410,10 @@ class Downloader:
                 if unreachable is not None:
                     raise NoNetworkError(
                         f"no network connection: {unreachable}; the download of {self.dest.name} stopped at "
-                        f"{_pct(have, total)}, {format_bytes(have)} kept, pull again to resume",
+                        f"{progress_text(have, total)}, {format_bytes(have)} kept, pull again to resume",
                         reason=unreachable, resumable=have > 0, bytes_done=have, bytes_total=total)
                 raise DownloadError(
-                    f"download of {self.dest.name} failed at {_pct(have, total)} ({reason}); "
+                    f"download of {self.dest.name} failed at {progress_text(have, total)} ({reason}); "
                     f"{format_bytes(have)} kept, pull again to resume",
                     resumable=have > 0, bytes_done=have, bytes_total=total)
             delay = min(self.retry_delay * 2 ** (failures - 1), 30.0)
@@ -595,7 +595,8 @@ def _net_reason(exc: BaseException) -> str:
     return f"the connection failed ({exc.__class__.__name__}: {exc})".replace(": )", ")")
 
 
-def _pct(done: int, total: int | None) -> str:
+def progress_text(done: int, total: int | None) -> str:
+    """How far a download is, for messages: "42% (1.2 GiB of 2.9 GiB)", or the bytes alone."""
     if total:
         return f"{100 * done / total:.0f}% ({format_bytes(done)} of {format_bytes(total)})"
     return format_bytes(done)

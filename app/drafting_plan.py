@@ -40,7 +40,7 @@ import numpy as np
 from dgchat.model_backend.engine_protocol import Engine, served
 from dgchat.model_backend.errors import DgchatError
 from dgchat.model_backend.events import FinalEvent
-from dgchat.model_backend.model_info import BLOCK_DIFFUSION
+from dgchat.model_backend.model_info import BLOCK_DIFFUSION, VARIANT_NAMES
 from dgchat.model_backend.param_resolution import CONFIG, DRAFTING, Layer, merge
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.model_backend.requests import CanvasTemplate
@@ -134,7 +134,7 @@ def writes_left_to_right(engine: Engine | None) -> bool:
 def model_name(engine: Engine | None) -> str:
     """The variant's name for the notes ("SDAR", "BD3LM"), or "This model"."""
     preset = getattr(getattr(engine, "info", None), "preset", None) if block_size_of(engine) else None
-    return {"sdar": "SDAR", "bd3lm": "BD3LM"}.get(str(preset), "This model")
+    return VARIANT_NAMES.get(str(preset), "This model")
 
 
 def left_to_right_note(engine: Engine | None, kind: str, selected: str) -> str:

@@ -36,6 +36,7 @@ from dgchat.app.sampler_text import annealed
 from dgchat.app.widgets.path_suggester import PathSuggester
 from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
 from dgchat.model_backend.errors import DgchatError
+from dgchat.model_backend.model_info import VARIANT_NAMES
 from dgchat.model_backend.params import (
     ALGORITHMS,
     CACHE_MODES,
@@ -110,7 +111,7 @@ def block_notes(block_size: int, variant: str = "") -> dict[str, str]:
     """The help beside each field for a block-diffusion model (SDAR, BD3LM) with blocks of
     `block_size` tokens: what the field means there, and which fields are fixed (one line in the
     form's third column at 80 columns, "default: … · " included)."""
-    name = {"sdar": "SDAR", "bd3lm": "BD3LM"}.get(variant, variant.upper() or "the model")
+    name = VARIANT_NAMES.get(variant, variant.upper() or "the model")
     return {
         "steps": f"per block (blocks of {block_size} tokens)",
         "gen_length": "fixed: one block (Max tokens: the answer)",

@@ -24,7 +24,7 @@ from dgchat.model_backend.driver import Denoiser, drive
 from dgchat.model_backend.engine import DiffusionEngine
 from dgchat.model_backend.errors import ContextOverflowError, EngineError, InvalidParameterError
 from dgchat.model_backend.events import FinalEvent, StepEvent
-from dgchat.model_backend.model_info import ModelInfo
+from dgchat.model_backend.model_info import VARIANT_NAMES, ModelInfo
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.model_backend.requests import BlockSetup, CanvasTemplate, EncodeRequest
 
@@ -57,7 +57,7 @@ class BlockDiffusionEngine(DiffusionEngine):
 
     @property
     def label(self) -> str:
-        name = {"sdar": "SDAR", "bd3lm": "BD3LM"}.get(self.variant, self.variant)
+        name = VARIANT_NAMES.get(self.variant, self.variant)
         return f"block diffusion ({name}, blocks of {self.block_size})"
 
     def _setup(self) -> BlockSetup:

@@ -32,6 +32,7 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "bd3lm": dict(steps=32, temperature=0.0, algorithm="confidence", max_tokens=512),
 }
 BLOCK_VARIANTS = ("sdar", "bd3lm")
+VARIANT_NAMES = {"sdar": "SDAR", "bd3lm": "BD3LM"}  # how labels and notes name a block-diffusion variant
 BLOCK_DIFFUSION = "block_diffusion"  # ModelInfo.family of SDAR and BD3LM models
 BLOCK_ARCHS = ("qwen3", "qwen2")  # llama.cpp graphs a block-diffusion file may use
 _ARCH_FAMILY = {"llada": "llada", "llada-moe": "llada", "dream": "dream", "rnd1": "rnd1"}

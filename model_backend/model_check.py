@@ -24,7 +24,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from dgchat.model_backend.architectures import SUPPORTED_HELP
+from dgchat.model_backend.architectures import MAX_ATTENTION_BLOCK, SUPPORTED_HELP
 from dgchat.model_backend.errors import ModelFileError, UnsupportedModelError
 from dgchat.model_backend.gguf_file import GgufHeader, LazyArray
 
@@ -331,7 +331,7 @@ def _check_hparams(c: _Check, arch: str) -> None:
     c.integer(k("vocab_size"), 1, MAX_VOCAB)
     # dgchat's engine patches read these (llama.cpp throws on wrong types; values are checked here)
     c.integer("dgchat.engine.non_causal_type", 0, 3)  # LLAMA_NON_CAUSAL_TYPE_DGCHAT_CANVAS = 3
-    c.integer("dgchat.engine.attention_block", 1, 4096)  # block-causal attention (patch 0017 throws outside)
+    c.integer("dgchat.engine.attention_block", 1, MAX_ATTENTION_BLOCK)  # block-causal attention (patch 0017)
     for which in ("causal", "non_causal"):
         c.float_array(f"dgchat.engine.layer_output_scale.{which}", n_layer, -1e6, 1e6)
 

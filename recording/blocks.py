@@ -11,10 +11,10 @@ recordings that say so (recording.history keeps the block size).
 
 from __future__ import annotations
 
+from dgchat.model_backend.architectures import MAX_ATTENTION_BLOCK
 from dgchat.model_backend.events import StepEvent
 from dgchat.model_backend.model_info import BLOCK_DIFFUSION
 
-MAX_BLOCK = 4096  # the engine's range for dgchat.engine.attention_block
 
 
 def block_size_of(source: object) -> int | None:
@@ -23,7 +23,7 @@ def block_size_of(source: object) -> int | None:
     if getattr(info, "family", None) != BLOCK_DIFFUSION:
         return None
     block = getattr(info, "attention_block", None)
-    if isinstance(block, bool) or not isinstance(block, int) or not 0 < block <= MAX_BLOCK:
+    if isinstance(block, bool) or not isinstance(block, int) or not 0 < block <= MAX_ATTENTION_BLOCK:
         return None
     return block
 

@@ -32,10 +32,11 @@ from typing import Protocol
 
 import numpy as np
 
+from dgchat.model_backend.architectures import MAX_ATTENTION_BLOCK
 from dgchat.model_backend.canvas import CanvasSnapshot, Cell
 from dgchat.model_backend.errors import DgchatError
 from dgchat.model_backend.events import StepEvent, StepTiming
-from dgchat.recording.blocks import MAX_BLOCK, block_size_of
+from dgchat.recording.blocks import block_size_of
 
 MAGIC = b"DGH\x01"  # format 1
 MAX_STEPS = 16384
@@ -197,7 +198,7 @@ class DenoisingHistory:
             pieces = header["pieces"]
             block_size = header.get("block_size")
             if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int)
-                                           or not 0 < block_size <= MAX_BLOCK):
+                                           or not 0 < block_size <= MAX_ATTENTION_BLOCK):
                 raise HistoryError("the recording's block size is out of range")
             if not (0 <= steps <= MAX_STEPS and 0 <= changes <= MAX_CHANGES and 0 <= answer_len
                     and isinstance(pieces, list) and all(isinstance(p, str) for p in pieces)):

@@ -26,7 +26,6 @@ MAX_INT_DIGITS = 20  # 2**64 has 20 digits; every integer dgchat reads fits
 MAX_VOCAB = 1 << 24  # n_vocab (the largest real vocabularies are about 2**18)
 MAX_CONTEXT = 1 << 24  # context_length / max_model_len
 MAX_END_TOKENS = 4096
-MAX_ATTENTION_BLOCK = 4096  # a block-diffusion model's block size (dgchat.engine.attention_block: 1..4096)
 MAX_MODELS = 4096  # entries of /v1/models
 MAX_NAME_CHARS = 1024  # model ids, names, file names
 MAX_WORD_CHARS = 64  # stop reasons, finish reasons, families, error codes

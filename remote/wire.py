@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from dgchat.model_backend.architectures import MAX_ATTENTION_BLOCK
 from dgchat.model_backend.canvas_view import terminal_safe
 from dgchat.model_backend.errors import InvalidParameterError
 from dgchat.model_backend.events import GenerationStats
@@ -350,7 +351,7 @@ class DgchatDetails:
     model_defaults: dict[str, Any] | None = None  # the model's own recommended settings
     has_kv_memory: bool = False
     file: dict[str, Any] | None = None  # the model file's identity (npc.generator.ModelMeta fields)
-    # block diffusion: the block size (1..limits.MAX_ATTENTION_BLOCK) and the variant ("sdar", "bd3lm");
+    # block diffusion: the block size (1..MAX_ATTENTION_BLOCK) and the variant ("sdar", "bd3lm");
     # None / "" when not said, or said in a form dgchat cannot use (see parse_details)
     attention_block: int | None = None
     variant: str = ""
@@ -377,13 +378,13 @@ def model_file(obj: Obj) -> dict[str, Any]:
 
 def optional_block(obj: Obj) -> tuple[int | None, str]:
     """`attention_block` and `variant` of a block-diffusion model, when both are usable: an integer
-    in 1..limits.MAX_ATTENTION_BLOCK and a short word. Anything else (absent, null, another type,
+    in 1..MAX_ATTENTION_BLOCK and a short word. Anything else (absent, null, another type,
     out of range) is dropped rather than refused: they only let the client resolve settings as the
     server's engine does, and without them it leaves that to the server (RemoteEngine's "remote"
     family), so a server that gets them wrong can still be used."""
     block = obj.value.get("attention_block")
     variant = obj.value.get("variant")
-    if not (_is_int(block) and 1 <= block <= limits.MAX_ATTENTION_BLOCK):
+    if not (_is_int(block) and 1 <= block <= MAX_ATTENTION_BLOCK):
         block = None
     if not (isinstance(variant, str) and _WORD.fullmatch(variant)):
         variant = ""

@@ -88,6 +88,7 @@ from dgchat.convert.errors import ConvertError
 from dgchat.convert.families import masked as m
 from dgchat.convert.tokenizer_gguf import Vocab, read_hf_tokenizer
 from dgchat.convert.writer import GGUFPlan, finish_plan
+from dgchat.model_backend.architectures import MAX_ATTENTION_BLOCK
 
 NAME = "block-diffusion"
 # config.json `architectures` this family converts (the registry's first match)
@@ -97,7 +98,7 @@ _A2D = {"A2DQwen3LMHeadModel": "qwen3", "A2DQwen2LMHeadModel": "qwen2", "a2d-qwe
 _AR = {"Qwen3ForCausalLM": "qwen3", "Qwen2ForCausalLM": "qwen2", "qwen3": "qwen3", "qwen2": "qwen2"}
 
 FORMAT_VERSION = m.FORMAT_VERSION
-BLOCK_RANGE = (1, 4096)  # docs/BLOCK_DIFFUSION.md: dgchat.engine.attention_block
+BLOCK_RANGE = (1, MAX_ATTENTION_BLOCK)  # docs/BLOCK_DIFFUSION.md: dgchat.engine.attention_block
 SDAR_DEFAULT_BLOCK = 4  # SDAR's published block size (generate.py --block_length, sdar-facts.md)
 BD3LM_BLOCK = 32  # dllm's BD3LM block_size (sample.py, trainers/bd3lm.py)
 SDAR_MASK_ID = 151669  # <|MASK|> in SDAR's tokenizer (tokenizer_config.json added_tokens_decoder)

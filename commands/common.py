@@ -57,9 +57,10 @@ def threads_arg(text: str) -> int:
     return int(text)
 
 
-RPC_HELP = ("put the model's layers on llama.cpp RPC servers (`dgchat rpc-server` on other machines; needs an engine "
-            "built with `python engine/build.py --rpc`). No authentication or encryption: trusted networks only "
-            "(docs/SCALING.md)")
+# The RPC backend is in the default engine build (engine/build.py adds -DGGML_RPC=ON unless --no-rpc),
+# so the help asks for no special build
+RPC_HELP = ("put the model's layers on llama.cpp RPC servers (`dgchat rpc-server` on other machines; the default "
+            "engine build includes RPC). No authentication or encryption: trusted networks only (docs/SCALING.md)")
 
 
 def use_rpc_servers(spec: str, *, command: str | None, remote: object = None) -> None:

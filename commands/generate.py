@@ -34,7 +34,7 @@ from dgchat.recording.frame_text import render_step
 from dgchat.recording.history import HistoryRecorder
 from dgchat.remote import RemoteEngine
 from dgchat.remote.engine import flag
-from dgchat.terminal_text import for_stream
+from dgchat.terminal_text import cli_line, for_stream
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -46,7 +46,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--raw", action="store_true",
                    help="do not apply the chat template: the prompt is the model's input as written, and "
                         "control-token text in it (e.g. <|im_end|>) becomes control tokens")
-    p.add_argument("--visual", action="store_true", help="redraw the canvas every step")
+    p.add_argument("--visual", action="store_true",
+                   help="redraw the canvas every step, on a terminal (to a pipe or a file: ignored, the answer only)")
     p.add_argument("--record", metavar="FILE.cast",
                    help="also write the denoising as an asciicast v2 recording (asciinema play FILE.cast)")
     p.add_argument("--record-pace", metavar="PACE", default="real",
@@ -80,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     llamacpp.set_verbose(getattr(args, "verbose", False))
     flags = flag_layer(args)
     recording = Recording.from_args(args)
+    visual = _visual(args)  # said before the model loads
     prompt_text = _read_prompt(args)
     model_path = resolve_model_path(args.model)
     precise = precise_choice(args)
@@ -92,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         resolved = table.params
         recorder = recording.recorder(engine) if recording else None
         with ctrl_c_cancels() as cancel:
-            final = _drive(engine, prompt, resolved, cancel, visual=args.visual and not args.json, recorder=recorder)
+            final = _drive(engine, prompt, resolved, cancel, visual=visual, recorder=recorder)
         code = _report(final, args, lambda: _as_json(final, engine, model_path, resolved) | {
             "params": table.table()})
         if recording and recorder is not None:
@@ -159,8 +161,25 @@ def _report(final: FinalEvent, args: argparse.Namespace, as_json: Callable[[], d
     return 130 if final.stop_reason == "cancelled" else 0
 
 
+def _visual(args: argparse.Namespace) -> bool:
+    """Whether to draw the canvas live: --visual without --json, on a terminal. --visual redraws one
+    frame in place; a pipe or a file would get every step as a new block of text (a page per step,
+    wrapped at 80 columns), so there it is ignored, said once on stderr, and the output is the
+    answer as without it (--record keeps every step in a file)."""
+    if not args.visual or args.json:
+        return False
+    from rich.console import Console
+
+    if Console().is_terminal:  # rich's rule: a tty, or FORCE_COLOR / TTY_COMPATIBLE=1 saying so
+        return True
+    cli_line("warning", "--visual ignored: the output is not a terminal, so only the answer is printed "
+                     "(--record FILE.cast keeps every step)")
+    return False
+
+
 def _drive(engine: Engine, prompt, params, cancel: threading.Event, *, visual: bool, recorder: Any = None) -> FinalEvent:
-    """Run the generation; `visual` draws each step, `recorder` (a HistoryRecorder) keeps it."""
+    """Run the generation; `visual` (a terminal: see _visual) draws each step over the last one,
+    `recorder` (a HistoryRecorder) keeps it."""
     final: FinalEvent | None = None
     show: Callable[[StepEvent], None] = lambda event: None  # noqa: E731
     live = None
@@ -168,12 +187,8 @@ def _drive(engine: Engine, prompt, params, cancel: threading.Event, *, visual: b
         from rich.console import Console
         from rich.live import Live
 
-        console = Console(stderr=False)
-        if console.is_terminal:
-            live = Live(console=console, refresh_per_second=30, transient=True)
-            show = lambda event: live.update(render_step(engine, event))  # noqa: E731
-        else:  # not a terminal (a pipe, a log file): one frame per step, in plain text
-            show = lambda event: console.print(render_step(engine, event), highlight=False)  # noqa: E731
+        live = Live(console=Console(), refresh_per_second=30, transient=True)
+        show = lambda event: live.update(render_step(engine, event))  # noqa: E731
     with live if live is not None else contextlib.nullcontext():
         for event in engine.generate(prompt, params, cancel=cancel):
             if isinstance(event, StepEvent):
@@ -209,7 +224,7 @@ def _run_remote(args: argparse.Namespace, url: str, api_key: str | None) -> int:
     if args.n_gpu_layers is not None or args.threads is not None or args.precise is not None:
         raise InvalidParameterError("--n-gpu-layers, --threads and --precise set up a local model; the server has "
                                     "its own (dgchat serve --precise)")
-    visual = args.visual and not args.json
+    visual = _visual(args)
     engine = RemoteEngine.connect(url, api_key=api_key, timeout=args.timeout, retries=args.retries,
                                   live_canvas=visual or recording is not None, deadline=args.deadline)
     try:

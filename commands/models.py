@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+import textwrap
+from dataclasses import dataclass
 from typing import Any
 
 from dgchat.commands.common import add_common, ctrl_c_cancels
@@ -42,6 +45,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ls = msub.add_parser("list", help="catalog + installed + Hugging Face cache, with fit badges")
     ls.add_argument("--json", action="store_true", help="one JSON object: hardware, models, recommendation")
     ls.add_argument("--no-hf-cache", action="store_true", help="do not look into the Hugging Face cache")
+    ls.add_argument("--wide", action="store_true",
+                    help="every column (DOWNLOAD, DISK, NEEDS too) however wide the terminal; by default the "
+                         "table fits the terminal's width")
     ls.add_argument("--no-measure", action="store_true",
                     help="when this machine's speed was never measured, list without speeds instead of measuring "
                     "(a few seconds, once)")
@@ -133,8 +139,6 @@ def _profile(*, measure: bool, remeasure: bool = False, threads: int | None = No
 
 def _list(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
 
     mgr = ModelManager()
     hw = _hardware_for(args, mgr.models_dir)
@@ -152,57 +156,160 @@ def _list(args: argparse.Namespace) -> int:
                           "models": [r.as_dict() for r in rows]},
                          ensure_ascii=False, indent=2))
         return 0
+    # the width of the terminal, or of COLUMNS; 80 (a terminal's default) for a pipe without it
     console = Console(highlight=False, soft_wrap=False)
+    width = console.width
     for label, value in hw.summary():
-        console.print(f"[bold]{label + ':':<12}[/] {escape(value)}", overflow="ignore", crop=False)
+        _print_wrapped(console, value, lead=f"{label + ':':<12} ", lead_style="bold")
     for note in hw.notes:
-        console.print(f"[dim]note: {escape(note)}[/]", overflow="ignore", crop=False)
-    header = ("", "NAME", "SIZE", "DOWNLOAD", "DISK", "STATUS", "FIT", "ANSWER", "NEEDS")
-    lines = []
-    for r in rows:
-        size = format_bytes(r.size) if r.size_exact else f"~{format_bytes(r.size)}"
-        download, disk = _download_and_disk(r)
-        status = r.status
-        if r.partial is not None:
-            status = f"partial {100 * r.partial.done / r.partial.total:.0f}%" if r.partial.total else "partial"
-        answer = r.speed.short() if r.speed else "-"
-        if r.speed is not None and r.speed.after_rebuild is not None:
-            answer += f" (GPU {r.speed.after_rebuild.per_answer()})"
-        lines.append(("*" if r.recommended else "", r.name, size, download, disk, status, r.badge or "-", answer,
-                      format_bytes(r.fit.need) if r.fit else "-"))
-    fit_col = header.index("FIT")
-    if console.is_terminal:
-        table = Table(box=None, pad_edge=False, show_edge=False)
-        for col in header:
-            table.add_column(col, no_wrap=True)
-        for line in lines:
-            style = {"fits in VRAM": "green", "fits in RAM": "yellow", "too slow here": "magenta",
-                     "will not fit": "red"}.get(line[fit_col])
-            table.add_row(*map(escape, line[:fit_col]),
-                          f"[{style}]{line[fit_col]}[/]" if style else escape(line[fit_col]),
-                          *map(escape, line[fit_col + 1:]))
-        console.print(table)
-    else:  # a pipe or a file: plain columns, never truncated
-        widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
-        for line in (header, *lines):
-            print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
-    print("SIZE: the model file; DOWNLOAD: what comes over the network (a checkpoint for the models converted "
-          "here); DISK: what the download needs on disk at its peak")
-    if profile is not None:
-        print(f"ANSWER: the predicted time of a 256-token answer here ({summary(profile)[0][1]})")
-        estimated = {r.speed.prediction.basis for r in rows if r.speed and r.speed.prediction.basis != "measured"}
-        estimated |= {r.speed.after_rebuild.basis for r in rows if r.speed and r.speed.after_rebuild}
-        if estimated:
-            print(f"        GPU times are {sorted(estimated)[0]}: this engine build has measured no GPU")
+        _print_wrapped(console, note, lead="note: ", style="dim")
+    layout = choose_layout(rows, width, wide=args.wide)
+    _print_table(console, rows, layout)
+    if layout.columns == ALL_COLUMNS:
+        _print_wrapped(console, "the model file; DOWNLOAD: what comes over the network (a checkpoint for the "
+                       "models converted here); DISK: what the download needs on disk at its peak", lead="SIZE: ")
     else:
-        print("ANSWER: not predicted, this machine's speed is not measured (`dgchat models hardware --measure`)")
+        _print_wrapped(console, "the model file. More columns (download, disk, memory): `--wide`", lead="SIZE: ")
+    if profile is not None:
+        _print_wrapped(console, f"the predicted time of a 256-token answer here ({summary(profile)[0][1]})",
+                       lead="ANSWER: ")
+        estimated = {r.speed.prediction.basis for r in rows if r.speed and r.speed.prediction.basis != "measured"}
+        if layout.gpu_times:
+            estimated |= {r.speed.after_rebuild.basis for r in rows if r.speed and r.speed.after_rebuild}
+        elif any(r.speed is not None and r.speed.after_rebuild is not None for r in rows):
+            _print_wrapped(console, "with this machine's GPU, after rebuilding the engine for it: `--wide`",
+                           lead="        ")
+        if estimated:
+            _print_wrapped(console, f"GPU times are {sorted(estimated)[0]}: this engine build has measured no GPU",
+                           lead="        ")
+    else:
+        _print_wrapped(console, "not predicted, this machine's speed is not measured (`dgchat models hardware "
+                       "--measure`)", lead="ANSWER: ")
     if rec_row is not None and rec is not None:
-        here = rec_row.status in ("installed", "bundled")
-        console.print(f"* recommended for this machine: [bold]{escape(rec_row.name)}[/]"
-                      + (" (installed)" if here else f"  (`dgchat models pull {escape(rec_row.name)}`)"),
-                      overflow="ignore", crop=False)
-        console.print(f"  why: {escape(rec.reason)}", soft_wrap=True)
+        lead = "* recommended for this machine: "
+        pull = "(installed)" if rec_row.status in ("installed", "bundled") else f"(`dgchat models pull {rec_row.name}`)"
+        if len(lead) + len(rec_row.name) + 2 + len(pull) <= width:
+            _print_wrapped(console, f"{rec_row.name}  {pull}", lead=lead, text_style=("bold", len(rec_row.name)))
+        else:  # the command on a line of its own, whole, so that it can be copied
+            _print_wrapped(console, rec_row.name, lead=lead, text_style=("bold", len(rec_row.name)))
+            _print_wrapped(console, f"`dgchat models pull {rec_row.name}`", lead="  get it with ")
+        _print_wrapped(console, rec.reason, lead="  why: ")
     return 0
+
+
+# The columns of `models list`. An 80-column terminal (the default) gets NARROW_COLUMNS: what the
+# model is, whether it is here, whether it runs here and how long an answer takes (the reason the
+# table exists); --wide, or a terminal with room for all of them, adds the rest.
+ALL_COLUMNS = ("", "NAME", "SIZE", "DOWNLOAD", "DISK", "STATUS", "FIT", "ANSWER", "NEEDS")
+NARROW_COLUMNS = ("", "NAME", "SIZE", "STATUS", "FIT", "ANSWER")
+COLUMN_GAP = 2  # spaces between two columns
+MIN_NAME_WIDTH = 12  # a name folded narrower than this is harder to read than a line the terminal wraps
+# the fit badges in fewer letters (under the FIT header, "in RAM" says what "fits in RAM" does)
+SHORT_BADGES = {"fits in VRAM": "in VRAM", "fits in RAM": "in RAM", "too slow here": "too slow",
+                "will not fit": "too big"}
+BADGE_STYLES = {"fits in VRAM": "green", "fits in RAM": "yellow", "too slow here": "magenta", "will not fit": "red"}
+
+
+@dataclass(frozen=True)
+class ListLayout:
+    """Which columns `models list` shows, with which words."""
+
+    columns: tuple[str, ...]
+    short_badges: bool  # "in RAM" for "fits in RAM"
+    gpu_times: bool  # the answer time after a GPU rebuild next to this build's: "~6 min (GPU ~4 s)"
+
+
+def list_cells(row: Any, layout: ListLayout) -> dict[str, str]:
+    """One row of the table, column name -> cell text (row: a hub.manager.ModelRow)."""
+    size = format_bytes(row.size) if row.size_exact else f"~{format_bytes(row.size)}"
+    download, disk = _download_and_disk(row)
+    status = row.status
+    if row.partial is not None:
+        status = f"partial {100 * row.partial.done / row.partial.total:.0f}%" if row.partial.total else "partial"
+    answer = row.speed.short() if row.speed else "-"
+    if layout.gpu_times and row.speed is not None and row.speed.after_rebuild is not None:
+        answer += f" (GPU {row.speed.after_rebuild.per_answer()})"
+    badge = row.badge or "-"
+    cells = {"": "*" if row.recommended else "", "NAME": row.name, "SIZE": size, "DOWNLOAD": download,
+             "DISK": disk, "STATUS": status, "FIT": SHORT_BADGES.get(badge, badge) if layout.short_badges else badge,
+             "ANSWER": answer, "NEEDS": format_bytes(row.fit.need) if row.fit else "-"}
+    return {col: cells[col] for col in layout.columns}
+
+
+def table_width(rows: list[Any], layout: ListLayout) -> int:
+    """The columns `layout` needs for `rows`, headers included, nothing cut."""
+    lines = [list_cells(r, layout) for r in rows]
+    widths = [max([len(col), *(len(cells[col]) for cells in lines)]) for col in layout.columns]
+    return sum(widths) + COLUMN_GAP * (len(widths) - 1)
+
+
+def choose_layout(rows: list[Any], width: int, *, wide: bool = False) -> ListLayout:
+    """The fullest layout that fits `width` columns: every column, then the narrow set, with shorter
+    badge words, then without the after-a-GPU-rebuild times (the narrowest; past it the terminal
+    table folds long names). `wide`: every column, whatever the width."""
+    candidates = [ListLayout(ALL_COLUMNS, False, True), ListLayout(NARROW_COLUMNS, False, True),
+                  ListLayout(NARROW_COLUMNS, True, True), ListLayout(NARROW_COLUMNS, True, False)]
+    if wide:
+        return candidates[0]
+    return next((c for c in candidates if table_width(rows, c) <= width), candidates[-1])
+
+
+def _print_table(console: Any, rows: list[Any], layout: ListLayout) -> None:
+    """The table in plain columns. To a pipe or a file nothing is cut; on a terminal narrower than
+    the table only the names give way, folded onto more lines (not below MIN_NAME_WIDTH): the other
+    columns are short and stay whole, the answer time above all."""
+    from rich.text import Text
+
+    lines = [list_cells(r, layout) for r in rows]
+    widths = {col: max([len(col), *(len(cells[col]) for cells in lines)]) for col in layout.columns}
+    if console.is_terminal:
+        room = console.width - (table_width(rows, layout) - widths["NAME"])
+        if room >= MIN_NAME_WIDTH:  # else the lines are too long anyway (--wide): names stay whole
+            widths["NAME"] = min(widths["NAME"], room)
+    gap = " " * COLUMN_GAP
+
+    def show(cells: dict[str, str], style: dict[str, str]) -> None:
+        name = cells["NAME"]
+        parts = [name[i:i + widths["NAME"]] for i in range(0, len(name), widths["NAME"])] or [""]
+        for i, part in enumerate(parts):
+            line = Text()
+            for n, col in enumerate(layout.columns):
+                cell = part if col == "NAME" else (cells[col] if i == 0 else "")
+                line.append(gap if n else "")
+                line.append(cell.ljust(widths[col]), style=style.get(col, ""))
+            line.rstrip()
+            if console.is_terminal:
+                console.print(line, overflow="ignore", crop=False, soft_wrap=True)
+            else:
+                print(line.plain)
+
+    show({col: col for col in layout.columns}, {col: "bold" for col in layout.columns})
+    for row, cells in zip(rows, lines):
+        show(cells, {"FIT": BADGE_STYLES.get(row.badge or "", "")})
+
+
+_NUMBER_AND_UNIT = re.compile(r"(\d) (?=(?:s|min|h|days?|[KMGT]i?B|tokens?(?:/s)?|threads?)\b)")
+
+
+def _print_wrapped(console: Any, text: str, *, lead: str = "", lead_style: str = "", style: str = "",
+                   text_style: tuple[str, int] | None = None) -> None:
+    """`lead` + `text`, word-wrapped to the console's width with the lines after the first under the
+    text (a path too long for a line is broken). `text_style`: (style, length) of the text's start."""
+    from rich.text import Text
+
+    width = max(console.width, len(lead) + 20)
+    # a number stays with its unit ("~6 min", "3.3 tokens/s"): a no-break space while wrapping
+    glued = _NUMBER_AND_UNIT.sub(lambda m: m.group(1) + "\u00a0", text)
+    lines = textwrap.wrap(glued, width, initial_indent=lead, subsequent_indent=" " * len(lead),
+                          break_on_hyphens=False) or [lead.rstrip()]
+    for i, line in enumerate(line.replace("\u00a0", " ") for line in lines):
+        shown = Text(line, style=style)
+        if i == 0:
+            if lead_style:
+                shown.stylize(lead_style, 0, len(lead))
+            if text_style is not None:
+                shown.stylize(text_style[0], len(lead), len(lead) + text_style[1])
+        console.print(shown, overflow="ignore", crop=False, soft_wrap=True)
 
 
 def _download_and_disk(r: Any) -> tuple[str, str]:

@@ -3,7 +3,8 @@
 llama-cpp-python's wheel does not ship llama.cpp's `rpc-server` program, so this runs the same
 server from dgchat's own engine library (ggml_backend_rpc_start_server, through
 model_backend/llamacpp/): the served machine computes with exactly the patched build the client
-has. Needs an engine built with `python engine/build.py --rpc`. See docs/SCALING.md.
+has. Needs the engine's RPC backend: in the default build (`python engine/build.py`), not in one
+built with `--no-rpc`. See docs/SCALING.md.
 """
 
 from __future__ import annotations

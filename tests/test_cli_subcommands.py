@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -49,3 +50,17 @@ def test_a_commands_help_loads_no_engine(name: str) -> None:
     # llama.cpp's shared library (and the HTTP server) load when a command runs a model, not for its --help
     modules = _modules_after([name, "--help"])
     assert not [m for m in modules if m.split(".")[0] in HEAVY or m in HEAVY]
+
+
+@pytest.mark.parametrize("argv", [[], *([name] for name in SUBCOMMANDS)], ids=lambda argv: " ".join(argv) or "dgchat")
+def test_rpc_help_asks_for_no_special_engine_build(argv: list[str]) -> None:
+    """`--rpc` (issue 43, item 15): the default engine build has the RPC backend (engine/build.py adds
+    -DGGML_RPC=ON unless --no-rpc), so no help may send people to rebuild with `build.py --rpc`."""
+    done = subprocess.run([sys.executable, "-m", "dgchat", *argv, "--help"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "COLUMNS": "100"}, check=False)
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())  # argparse wraps the help: a phrase may span two lines
+    if "[--rpc HOST:PORT" not in text:
+        return  # this command takes no --rpc (its usage line would show it)
+    assert "build.py --rpc" not in text
+    assert "the default engine build includes RPC" in text

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 from dgchat.assets import bundled_model_path
 from dgchat.model_backend.canvas_view import VISIBLE_CONTROLS
+from fixtures.cli_terminal import InTerminal, pipe_env
 
 
 def dgchat(*args: str, input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -49,9 +49,29 @@ def test_prompt_from_stdin_and_raw(dream_gguf: Path) -> None:
 
 
 def test_visual_draws_the_canvas(llada_gguf: Path) -> None:
-    res = dgchat("generate", "-m", str(llada_gguf), "-p", "hi", "--gen-length", "16", "--steps", "4", "--visual")
-    assert res.returncode == 0, res.stderr
-    assert "step 4 (canvas 1, 4/4)" in res.stdout and "16/16 tokens" in res.stdout
+    run = InTerminal("generate", "-m", str(llada_gguf), "-p", "hi", "--gen-length", "16", "--steps", "4", "--visual")
+    rc, err = run.finish()
+    assert rc == 0, err
+    assert "step 4 (canvas 1, 4/4)" in run.text and "16/16 tokens" in run.text  # the last frame, at least
+    assert "--visual" not in err
+
+
+def test_visual_to_a_pipe_prints_the_answer_only(llada_gguf: Path) -> None:
+    """Issue 43, item 17: --visual redraws one frame in place; to a pipe or a file it would write
+    every step as a new block of text, so there it is ignored (one line on stderr says so) and the
+    output is the answer, exactly as without --visual."""
+    args = ("generate", "-m", str(llada_gguf), "-p", "hi", "--gen-length", "32", "--steps", "16", "--seed", "3")
+    env = pipe_env()
+    visual = subprocess.run([sys.executable, "-m", "dgchat", *args, "--visual"], capture_output=True, text=True,
+                            timeout=120, env=env, check=False)
+    plain = subprocess.run([sys.executable, "-m", "dgchat", *args], capture_output=True, text=True, timeout=120,
+                           env=env, check=False)
+    assert visual.returncode == 0 and plain.returncode == 0, visual.stderr + plain.stderr
+    assert plain.stdout.strip() and visual.stdout == plain.stdout
+    assert "step " not in visual.stdout and "tok/s" not in visual.stdout
+    note = [line for line in visual.stderr.splitlines() if "--visual" in line]
+    assert note == [("dgchat: warning: --visual ignored: the output is not a terminal, so only the answer is "
+                     "printed (--record FILE.cast keeps every step)")], visual.stderr
 
 
 @pytest.mark.skipif(bundled_model_path() is None, reason="this installation has no bundled model")
@@ -73,17 +93,18 @@ def test_visual_never_prints_special_tokens_nor_past_the_end() -> None:
         decided_pieces = {engine.piece(t) for t in decided}  # (while the model is loaded)
     assert {"<pad>", "<end_of_turn>"} <= decided_pieces, "nothing special decided: proves nothing"
     assert events[-1].stop_reason == "eos"
-    env = {**os.environ, "COLUMNS": "400"}  # a pipe: one frame per step, the progress line on one line
-    res = subprocess.run([sys.executable, "-m", "dgchat", "generate", "-m", str(model), "-p", prompt, "--seed", "0",
-                          "--visual"], capture_output=True, text=True, timeout=120, env=env)
-    assert res.returncode == 0, res.stderr
-    frames = sum(res.stdout.count(f"(canvas {c + 1}, ") for c in {ev.canvas_index for ev in steps})
-    assert frames == len(steps)
+    # a terminal wide enough for the progress line and the answer on one line each; the frames a
+    # terminal is shown come at most 30 a second (each replacing the last), the last one always
+    run = InTerminal("generate", "-m", str(model), "-p", prompt, "--seed", "0", "--visual", cols=400)
+    rc, err = run.finish()
+    assert rc == 0, err
+    last = max(ev.canvas_index for ev in steps)
+    assert f"(canvas {last + 1}, " in run.text
     for piece in specials:
-        assert piece not in res.stdout
+        assert piece not in run.text
     answer = events[-1].text
     # the last frame (all decided, the end token among them) reads exactly as the answer printed after it
-    assert res.stdout.endswith(f"\n{answer}\n{answer}\n")
+    assert run.text.endswith(f"\n{answer}\n{answer}\n")
 
 
 def test_reference_mode_and_threshold(llada_gguf: Path) -> None:
@@ -123,18 +144,16 @@ def test_bad_inputs(tmp_path: Path, llada_gguf: Path, causal_gguf: Path, unknown
 
 
 def test_ctrl_c_stops_cleanly(llada_gguf: Path) -> None:
-    # --visual to a pipe prints one frame per step: the first frame proves generation is under way,
+    # --visual on a terminal draws the canvas: its first frame proves generation is under way,
     # however fast the machine, before Ctrl-C arrives
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dgchat", "generate", "-m", str(llada_gguf), "-p", "tell me a long story",
-         "--gen-length", "512", "--steps", "4096", "--block-length", "8", "--max-tokens", "512", "--visual"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    first = proc.stdout.readline()
-    assert first and proc.poll() is None, proc.stderr.read()
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    run = InTerminal("generate", "-m", str(llada_gguf), "-p", "tell me a long story", "--gen-length", "512",
+                     "--steps", "4096", "--block-length", "8", "--max-tokens", "512", "--visual")
+    try:
+        assert run.read_until("step ") and run.proc.poll() is None, run.text
+        run.proc.send_signal(signal.SIGINT)
+    finally:
+        rc, err = run.finish(timeout=60)
+    assert rc == 130, err
     assert "generation stopped" in err and "Traceback" not in err
 
 

@@ -40,7 +40,7 @@ def run(capsys, *args: str) -> tuple[int, str, str]:
 
 def test_list_shows_download_and_disk_sizes(env: Path, base: Path, capsys) -> None:
     entry = hub_catalog.load_catalog(env.parents[2] / "catalog.toml").get(ck.NAME)
-    rc, out, err = run(capsys, "list", "--no-measure")
+    rc, out, err = run(capsys, "list", "--no-measure", "--wide")  # DOWNLOAD and DISK: every column
     assert rc == 0, err
     header = next(line for line in out.splitlines() if line.lstrip().startswith("NAME"))
     assert header.split()[:8] == ["NAME", "SIZE", "DOWNLOAD", "DISK", "STATUS", "FIT", "ANSWER", "NEEDS"]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from dgchat.cli import main
+from fixtures.cli_terminal import InTerminal, pipe_env
 from fixtures.speed_profile import install_reference_profile
 from fixtures.hub_fixtures import model_bytes, model_file
 
@@ -166,3 +167,79 @@ def test_stopped_process_resumes_in_a_new_one(env: Path, hub, how: str) -> None:
     assert again.returncode == 0, again.stderr
     assert [g.range for g in hub.cdn_gets()[n:]] == [f"bytes={stall}-"]
     assert (env / "data" / "models" / LLADA[1]).read_bytes() == model_bytes()
+
+
+# -- the table at a terminal's width (issue 43, item 16) --------------------------------------------
+
+SAME_MACHINE = ("--ram", "24G", "--no-gpu")  # the reference profile's machine, whatever runs the test
+
+
+def _list_in_a_terminal(cols: int, *args: str) -> str:
+    """`dgchat models list ARGS` in a terminal `cols` columns wide: what it wrote, without colours."""
+    run = InTerminal("models", "list", *args, cols=cols)
+    rc, err = run.finish(timeout=60)
+    assert rc == 0, err
+    return run.text
+
+
+def _answer_times(env_json: dict) -> dict[str, str]:
+    """Each model's ANSWER cell as the hub words it ("~6 min", "~19 s", "-")."""
+    from dgchat.hub.speed import duration_words
+
+    def words(m: dict) -> str:
+        if not m["predicted"]:
+            return "-"
+        said = duration_words(m["predicted"]["seconds_per_answer"])
+        return said if said.startswith("<") else "~" + said
+
+    return {m["name"]: words(m) for m in env_json["models"]}
+
+
+def _rows(out: str, names: list[str]) -> dict[str, str]:
+    """name -> its row of the table (names are whole at these widths)."""
+    rows = {}
+    for line in out.splitlines():
+        cells = line.lstrip("* ").split("  ")
+        if cells[0] in names:
+            rows[cells[0]] = line
+    return rows
+
+
+def test_list_fits_an_80_column_terminal_with_whole_answer_times(env: Path) -> None:
+    listing = json.loads(subprocess.run([sys.executable, "-m", "dgchat", "models", "list", "--json", *SAME_MACHINE],
+                                        capture_output=True, text=True, timeout=60, check=True).stdout)
+    times = _answer_times(listing)
+    assert sum(t != "-" for t in times.values()) >= 5, times  # predictions to show: proves something
+    out = _list_in_a_terminal(80, *SAME_MACHINE)
+    too_long = [line for line in out.splitlines() if len(line) > 80]
+    assert not too_long, "\n".join(too_long)
+    assert "…" not in out
+    header = next(line for line in out.splitlines() if line.lstrip().startswith("NAME"))
+    assert header.split() == ["NAME", "SIZE", "STATUS", "FIT", "ANSWER"]
+    rows = _rows(out, list(times))
+    assert set(rows) == set(times), out  # every model, its name whole
+    for name, line in rows.items():
+        assert line.rstrip().endswith(f"  {times[name]}"), line  # the answer time, whole, last
+    assert "too slow " in out and "in RAM " in out  # the fit badge, in fewer words
+    assert f"recommended for this machine: {listing['recommended']}" in out
+    assert "`--wide`" in out
+    # a pipe (nothing says its width: 80 columns) gets the same table
+    piped = subprocess.run([sys.executable, "-m", "dgchat", "models", "list", *SAME_MACHINE], capture_output=True,
+                           text=True, timeout=60, env={k: v for k, v in pipe_env().items() if k != "COLUMNS"},
+                           check=False)
+    assert piped.returncode == 0, piped.stderr
+    assert max(len(line) for line in piped.stdout.splitlines()) <= 80
+    assert _rows(piped.stdout, list(times)) == {name: line.rstrip() for name, line in rows.items()}
+
+
+def test_list_shows_every_column_where_there_is_room_or_with_wide(env: Path) -> None:
+    out = _list_in_a_terminal(200, *SAME_MACHINE)
+    header = next(line for line in out.splitlines() if line.lstrip().startswith("NAME"))
+    assert header.split() == ["NAME", "SIZE", "DOWNLOAD", "DISK", "STATUS", "FIT", "ANSWER", "NEEDS"]
+    assert "too slow here" in out and "fits in RAM" in out and "`--wide`" not in out
+    assert max(len(line) for line in out.splitlines()) <= 200
+    # --wide at 80: every column, nothing cut (the lines are longer than the terminal, as asked)
+    wide = _list_in_a_terminal(80, "--wide", *SAME_MACHINE)
+    header = next(line for line in wide.splitlines() if line.lstrip().startswith("NAME"))
+    assert header.split() == ["NAME", "SIZE", "DOWNLOAD", "DISK", "STATUS", "FIT", "ANSWER", "NEEDS"]
+    assert "…" not in wide and "diffusiongemma-26b-a4b-q4_k_m " in wide

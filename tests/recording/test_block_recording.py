@@ -25,6 +25,7 @@ from dgchat.recording.blocks import block_size_of
 from dgchat.recording.frame_text import canvas_text, progress_line, render_step
 from dgchat.recording.history import DenoisingHistory, HistoryError, HistoryRecorder
 from fixtures.block_tiny import converted
+from fixtures.cli_terminal import InTerminal
 from fixtures.terminal_screen import TerminalScreen
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -161,13 +162,20 @@ def test_generate_record_writes_frames_for_every_block(base: Path, tmp_path: Pat
     assert shown[0] == summary_line(tokens, out["stats"]["steps"], float(shown[0].split(" · ")[-1][:-2]))
 
 
-def test_generate_visual_to_a_pipe_prints_each_step_with_its_block(base: Path) -> None:
-    res = dgchat("generate", "-m", str(converted(base, "sdar")), "-p", "Tell me about the castle",
-                 "--max-tokens", "12", "--visual")
-    assert res.returncode == 0, res.stderr
-    lines = re.findall(r"^step (\d+) \(block (\d+), (\d+)/4\)  (\d+) tokens", res.stdout, re.MULTILINE)
-    assert len(lines) >= 3 and len({b for _, b, _, _ in lines}) >= 3
-    assert [int(s) for s, _, _, _ in lines] == list(range(1, len(lines) + 1))
+def test_generate_visual_on_a_terminal_labels_each_step_with_its_block(base: Path) -> None:
+    """On a terminal --visual redraws the frame in place (at most 30 a second, the last one always;
+    each step's frame is in the .cast, above): the frames drawn name their block, in order. (To a
+    pipe --visual is ignored: tests/commands/test_generate_cli.py.)"""
+    run = InTerminal("generate", "-m", str(converted(base, "sdar")), "-p", "Tell me about the castle",
+                     "--max-tokens", "12", "--visual")
+    rc, err = run.finish()
+    assert rc == 0, err
+    # (a redraw starts where the last frame's canvas ended: no line start to anchor to)
+    lines = re.findall(r"step (\d+) \(block (\d+), (\d+)/4\)  (\d+) tokens", run.text)
+    assert lines, run.text
+    steps, blocks = [int(s) for s, _, _, _ in lines], [int(b) for _, b, _, _ in lines]
+    assert steps == sorted(steps) and blocks == sorted(blocks)
+    assert blocks[-1] >= -(-int(lines[-1][3]) // 4)  # the last frame: its tokens took this many blocks of 4
 
 
 def test_asciicast_of_a_block_answer_from_a_history(sdar) -> None:

@@ -138,11 +138,11 @@ def test_generate_on_a_server_from_the_command_line(server, llada_gguf: Path, tm
     configured = _dgchat("generate", *args, env={"XDG_CONFIG_HOME": str(tmp_path / "config")})
     assert configured.returncode == 0, configured.stderr
     assert json.loads(configured.stdout)["server"] == server.url
-    # --visual without a terminal: one plain frame per step, then the answer
+    # --visual without a terminal: ignored, said on stderr (issue 43, item 17); the answer alone
     visual = _dgchat("generate", "--server", server.url, "-p", "hi", "--steps", "6", "--gen-length", "12",
-                     "--visual")
+                     "--visual", env={"FORCE_COLOR": "", "TTY_COMPATIBLE": ""})  # empty: rich asks the pipe
     assert visual.returncode == 0, visual.stderr
-    assert len(visual.stdout.strip().splitlines()) >= 6
+    assert "--visual ignored: the output is not a terminal" in visual.stderr and "step " not in visual.stdout
     # --record: the server streams each step's canvas, recorded as a local run would be
     cast = tmp_path / "remote.cast"
     recorded = _dgchat("generate", "--server", server.url, "-p", "hi", "--steps", "6", "--gen-length", "12",

@@ -250,22 +250,23 @@ def test_an_event_that_never_ends() -> None:
     _one_line_error(run, r"sent an event larger than [\d.]+ MiB", seconds=20)
 
 
-def test_a_canvas_of_20k_new_pieces_a_step() -> None:
-    """Each step a canvas of 20,000 positions, every one a token never seen before."""
+def test_a_canvas_of_20k_new_pieces_a_step(tmp_path: Path) -> None:
+    """Each step a canvas of 20,000 positions, every one a token never seen before (asked for by
+    --record, as --visual asks for it on a terminal)."""
     def frame(i: int) -> bytes:
         ids = list(range(i * 20000, (i + 1) * 20000))
         return _sse(_chunk(ext=_frame(tokens=ids, canvas=["piece"] * 20000, state=[1] * 20000, step=i + 1,
                                       special=[])))
 
     with _server(models=_dg_models(n_vocab=1 << 24), stream=_endless(frame)) as server:
-        run = _cli(*_generate(server.url, "--max-tokens", "64", "--visual"))
+        run = _cli(*_generate(server.url, "--max-tokens", "64", "--record", str(tmp_path / "a.cast")))
     _one_line_error(run, r"sent a canvas of 20000 positions for an answer of at most 64 tokens \(max_tokens\)",
                     seconds=20)
 
 
-def test_new_tokens_every_step_fill_the_piece_cache_to_its_bound() -> None:
+def test_new_tokens_every_step_fill_the_piece_cache_to_its_bound(tmp_path: Path) -> None:
     """Canvases within the request's budget, but of tokens never seen before at every step: the pieces
-    the engine caches stop at limits.MAX_PIECES."""
+    the engine caches stop at limits.MAX_PIECES (canvases asked for by --record)."""
     n = 4096
 
     def frame(i: int) -> bytes:
@@ -273,7 +274,7 @@ def test_new_tokens_every_step_fill_the_piece_cache_to_its_bound() -> None:
                                       step=i + 1, special=[])))
 
     with _server(models=_dg_models(n_vocab=1 << 24), stream=_endless(frame)) as server:
-        run = _cli(*_generate(server.url, "--max-tokens", str(n), "--visual"), timeout=90)
+        run = _cli(*_generate(server.url, "--max-tokens", str(n), "--record", str(tmp_path / "a.cast")), timeout=90)
     _one_line_error(run, rf"showed more than {limits.MAX_PIECES} distinct tokens", seconds=60)
 
 

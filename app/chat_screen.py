@@ -27,7 +27,7 @@ size); the canvas and block lengths are the model's, fixed (app/settings_modal.p
 from __future__ import annotations
 
 import dataclasses
-import random
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -63,13 +63,15 @@ from dgchat.app.store import MAX_RECORDINGS_BYTES_PER_CHAT, Chat, Message
 from dgchat.app.widgets.canvas import LiveCanvas
 from dgchat.app.widgets.chat_list import ChatList
 from dgchat.app.widgets.conversation import Conversation
+from dgchat.app.widgets.fitting_footer import FittingFooter
 from dgchat.app.widgets.message import MessageView
 from dgchat.app.widgets.path_suggester import PathSuggester
 from dgchat.app.widgets.prompt_input import PromptInput
 from dgchat.app.widgets.replay import DEFAULT_PACE, ReplayView
 from dgchat.app.widgets.status_bar import StatusBar
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
-from dgchat.model_backend.param_resolution import CHAT, CONFIG, DEFAULT, Layer, ResolvedParams, resolved_for
+from dgchat.model_backend.param_resolution import (CHAT, CONFIG, DEFAULT, Layer, ResolvedParams, resolved_for,
+                                                   seed_chosen, uses_seed, with_fresh_seed)
 from dgchat.model_backend.gguf_file import read_gguf_header
 from dgchat.model_backend.model_info import inspect_header
 from dgchat.model_backend.params import DiffusionParams
@@ -80,8 +82,8 @@ from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import ActiveBinding, Screen
-from textual.widgets import Footer, Header, Label
+from textual.screen import Screen
+from textual.widgets import Header, Label
 
 
 def check_model_file(path: str) -> str | None:
@@ -109,6 +111,10 @@ def _answer_context_tokens(message: Message, model: Path) -> int | None:
     return prompt + tokens
 
 
+
+MAX_DEFERRED_STARTS = 100  # 2 s of waiting for the last canvas to go (start_generation)
+
+
 class ChatScreen(Screen):
     BINDINGS = [
         Binding("escape", "stop", "Stop", id="chat.stop"),
@@ -127,25 +133,6 @@ class ChatScreen(Screen):
     # -narrow / -medium / -wide by terminal width (app/breakpoints.py): dgchat.tcss hides the sidebar on
     # narrow terminals; Ctrl+B sets an inline display that wins over that rule, so the user's choice holds
     HORIZONTAL_BREAKPOINTS = WIDTH_BREAKPOINTS
-    # below NARROW_BELOW columns the footer cannot hold every key; these stay on F1 and the palette
-    FOOTER_DROPS_WHEN_NARROW = frozenset({"search", "new_chat"})
-
-    @property
-    def active_bindings(self) -> dict[str, ActiveBinding]:
-        """What the footer lists: on a narrow terminal without New chat and Search, so that Settings,
-        Keys (F1) and Commands (Ctrl+P) stay readable. Only the footer's listing changes; the keys work."""
-        bindings = super().active_bindings
-        if self.size.width >= NARROW_BELOW:
-            return bindings
-        return {
-            key: active._replace(binding=dataclasses.replace(active.binding, show=False))
-            if active.binding.action in self.FOOTER_DROPS_WHEN_NARROW else active
-            for key, active in bindings.items()
-        }
-
-    def on_resize(self, event: events.Resize) -> None:
-        self.refresh_bindings()  # the footer's listing depends on the width (active_bindings)
-
     def __init__(self, open_chat: int | None = None) -> None:
         super().__init__(id="chat-screen")
         self.chat: Chat | None = None
@@ -156,7 +143,8 @@ class ChatScreen(Screen):
         self.live: LiveView | None = None
         self._last_checkpoint = 0.0
         self._pending = False  # a prompt waits for the model to finish loading
-        self._reseed = False
+        self._focus_new_answer = False  # the regenerated answer had the focus: its new version gets it
+        self._deferred_starts = 0
         self._settings_after_load = False
         self._context_count: ContextCount | None = None  # the conversation's size, for the status line
         self._count_job: ContextCountJob | None = None
@@ -180,7 +168,7 @@ class ChatScreen(Screen):
                 with Vertical(id="input-area"):
                     yield PromptInput(id="prompt", placeholder="Message the model — Enter sends, Shift+Enter newline")
                     yield StatusBar(id="status")
-        yield Footer()
+        yield FittingFooter()
 
     @property
     def store(self):
@@ -271,22 +259,23 @@ class ChatScreen(Screen):
             return
         try:
             p = self.effective_params(engine)
-            blocks = f" · block {p.block_length}" if p.block_length else ""
-            thr = f" · threshold {p.threshold:g}" if p.threshold is not None else ""
+            name = session.model_name(wanted)
+            temperature = f"T {temperature_text(p, engine.info.uniform_state)}"
+            threshold = [(f"threshold {p.threshold:g}", 3)] if p.threshold is not None else []
             server = served(engine)
+            # ranks: what a narrow line leaves out first (status_bar.fit_parts): the engine's label
+            # (also in model: info), then the algorithm, then the sizes; the temperature stays longest
+            # (it says whether answers are sampled)
             if block_size_of(engine) and not p.autoregressive:
                 # the label says "block diffusion (SDAR, blocks of 4)": the canvas is one block
-                bar.set_text(
-                    f"{session.model_name(wanted)} · {engine.label} · {p.steps} steps/block · max {p.max_tokens} tokens"
-                    f" · T {temperature_text(p, engine.info.uniform_state)}{thr}"
-                )
+                bar.set_parts([(name, 0), (engine.label, 4), (f"{p.steps} steps/block", 2),
+                               (f"max {p.max_tokens} tokens", 3), (temperature, 1), *threshold])
             elif server is None or server.is_dgchat:
-                bar.set_text(
-                    f"{session.model_name(wanted)} · {engine.label} · steps {p.steps} · canvas {p.gen_length}{blocks}"
-                    f" · {p.algorithm}{thr} · T {temperature_text(p, engine.info.uniform_state)}"
-                )
+                blocks = [(f"block {p.block_length}", 3)] if p.block_length else []
+                bar.set_parts([(name, 0), (engine.label, 4), (f"steps {p.steps}", 2), (f"canvas {p.gen_length}", 2),
+                               *blocks, (p.algorithm, 3), *threshold, (temperature, 1)])
             else:  # not a dgchat server: it samples with its own settings and sends text only
-                bar.set_text(f"{session.model_name(wanted)} · {engine.label} · text only · max tokens {p.max_tokens}")
+                bar.set_parts([(name, 0), (engine.label, 4), ("text only", 1), (f"max tokens {p.max_tokens}", 2)])
         except DgchatError as exc:
             bar.set_text(f"{session.model_name(wanted)} · settings problem: {exc}")
             p = None
@@ -389,7 +378,11 @@ class ChatScreen(Screen):
     def resolved_params(self, engine: Engine, *, with_chat: bool = True) -> ResolvedParams:
         """This chat's settings and where each came from (model_backend/param_resolution): the
         model's (family, file) < the config's [sampler] < the chat's own settings."""
-        layers = [Layer.of(CONFIG, self.base_params(engine))]
+        base = self.base_params(engine)
+        config = Layer.of(CONFIG, base)
+        if "seed" in self.app.config.sampler:  # `seed = 0` there is a choice too (Layer.of drops defaults)
+            config = Layer(CONFIG, {**config.values, "seed": base.seed})
+        layers = [config]
         if with_chat and self.chat:
             layers.append(Layer.of(CHAT, dict(self.chat.params)))
         if served(engine) is not None:  # the server's model: what no layer set, the server decided
@@ -517,6 +510,13 @@ class ChatScreen(Screen):
         session = self.session
         if self.chat is None or self.generating:
             return
+        if self.query("#live-canvas") and self._deferred_starts < MAX_DEFERRED_STARTS:
+            # the last answer's canvas is still being swapped for its text (a frame or two: a prompt
+            # sent the moment the answer ended): its canvas goes first, then this one comes
+            self._deferred_starts += 1
+            self.set_timer(0.02, self.start_generation)
+            return
+        self._deferred_starts = 0
         wanted = self.model_path_for(self.chat)
         if wanted is None:
             self.notify("No model configured: your message is saved. Open one with Ctrl+P → model: open…",
@@ -538,21 +538,22 @@ class ChatScreen(Screen):
             self.notify(f"Your message is saved. {session.busy_text()}", severity="warning")
             return
         try:
-            params = self.effective_params(engine)
+            # every answer draws its own seed unless the config or the chat fixed one, so that a
+            # regenerate gives another answer; the seed is stored with the answer's params
+            params = with_fresh_seed(self.resolved_params(engine)).params
             server = served(engine)
             refused = server.unsupported(params) if server is not None else []
             if refused:  # the chat's own settings (the config's are left out): say which fields
                 raise InvalidParameterError(server_refuses(refused))
-            if self._reseed and (params.temperature or 0) > 0:
-                params = params.updated(seed=random.randrange(1 << 31))
             conversation = self.store.messages(self.chat.id)
             replacing = conversation.pop() if conversation and conversation[-1].role == "assistant" else None
             messages = self._history_for_model(conversation)
         except DgchatError as exc:
             self.app.push_screen(ErrorModal("Cannot generate", str(exc)))
             return
-        finally:
-            self._reseed = False
+        if replacing is not None and replacing.content.strip() and not uses_seed(params, getattr(engine, "info", None)):
+            self.notify("These settings are greedy (temperature 0): the new version will be the same answer. "
+                        "Raise the temperature in the chat's settings for a different one.", timeout=8)
         answer = self.store.begin_answer(
             self.chat.id, {"model": session.model_name(wanted), "model_path": str(wanted)},
             version_of=replacing.id if replacing is not None else None,
@@ -563,9 +564,15 @@ class ChatScreen(Screen):
             self.store.delete_message(answer.id)  # the replaced answer is the shown version again
             self.notify("The model is not ready; your message is saved (Ctrl+R answers it).", severity="warning")
             return
+        self._focus_new_answer = False
         if replacing is not None:
             view = self.view_for(replacing.id)
             if view is not None:
+                if self.focused is not None and (self.focused is view or view in self.focused.ancestors):
+                    # `r` on the answer: the new version takes its place and its focus, not the
+                    # prompt message above it; meanwhile the composer holds the focus
+                    self._focus_new_answer = True
+                    self.query_one(PromptInput).focus()
                 view.add_class("-removed")
                 view.remove()
             if not replacing.content.strip() and replacing.status != "generating":
@@ -684,6 +691,7 @@ class ChatScreen(Screen):
                 canvas.remove()
             await conversation.mount(view)
             conversation.end_live(True)
+            self._focus_regenerated(view)
             return
         view.styles.visibility = "hidden"  # laid out below the canvas (its height known), not drawn
         await conversation.mount(view, after=canvas)
@@ -707,6 +715,15 @@ class ChatScreen(Screen):
             view.styles.visibility = "visible"
         canvas.remove()
         conversation.end_live(follow)
+        self._focus_regenerated(view)
+
+    def _focus_regenerated(self, view: MessageView) -> None:
+        """Give a regenerated answer's focus to its new version, unless the person moved on meanwhile
+        (typing in the composer, another message)."""
+        focus_it, self._focus_new_answer = self._focus_new_answer, False
+        prompt = self.query_one(PromptInput)
+        if focus_it and self.focused is prompt and not prompt.text:
+            view.focus(scroll_visible=False)
 
     def on_unmount(self) -> None:
         # the app is going away without Ctrl+Q (e.g. a signal): still end the answer; the worker
@@ -766,7 +783,6 @@ class ChatScreen(Screen):
             self.notify("Nothing to regenerate yet.")
             return
         # the answer (if the conversation ends with one) is kept: the new one becomes its next version
-        self._reseed = True
         self.start_generation()
 
     def edit_message(self, message: Message) -> None:
@@ -809,12 +825,38 @@ class ChatScreen(Screen):
         if start is None or at is None:
             self._render_conversation(target.id)
         else:
-            for view in views[start:]:  # the old version and what followed it
-                view.add_class("-removed")
-                view.remove()
-            shown = [MessageView(m) for m in path[at:]]
-            conversation.mount_all(shown)
-            self.call_after_refresh(shown[0].focus)
+            old = views[start:]  # the old version and what followed it
+            for view in old:
+                view.add_class("-removed")  # gone for view_for and the key handlers already
+            self.call_later(self._swap_versions, old, [MessageView(m) for m in path[at:]])
+
+    async def _swap_versions(self, old: list[MessageView], shown: list[MessageView]) -> None:
+        """Put another version (and its continuation) where the old one was in one frame, as
+        _replace_canvas does for a finished answer: the new views are mounted invisible after the
+        old ones and swapped in once laid out. Removing first showed an empty conversation for a
+        frame while the new answer's Markdown was parsed."""
+        conversation = self.query_one("#conversation", Conversation)
+        following, y = conversation.following, conversation.scroll_y
+        conversation.live = True  # no scrolling to the invisible views meanwhile
+        for view in shown:
+            view.styles.visibility = "hidden"
+        anchor = old[-1] if old[-1].parent is conversation else None
+        await conversation.mount_all(shown, after=anchor)
+        conversation.call_after_refresh(self._show_swapped, old, shown, following, y)
+
+    def _show_swapped(self, old: list[MessageView], shown: list[MessageView], following: bool, y: float) -> None:
+        conversation = self.query_one("#conversation", Conversation)
+        with self.app.batch_update():
+            for view in old:
+                view.display = False
+            for view in shown:
+                view.styles.visibility = "visible"
+            conversation.scroll_to(y=y, animate=False, immediate=True)
+        for view in old:
+            view.remove()
+        conversation.end_live(following)
+        if shown and shown[0].parent is conversation:
+            shown[0].focus()
         self.recount()
 
     def action_edit_last(self) -> None:
@@ -914,11 +956,15 @@ class ChatScreen(Screen):
                                            width=width)
             except OSError as exc:
                 return export_error_text(target, exc)
-            self.notify(f"Recording exported to {written} (asciinema play {written.name})")
+            # the whole path: the command works from any folder
+            self.notify(f"Recording exported to {written}\nPlay it: asciinema play {shlex.quote(str(written))}",
+                        timeout=10)
             return None
 
         self.app.push_screen(PromptModal(
-            "Export the denoising as a recording (.cast)", str(default_recording_path(chat, message, folder)),
+            # the file's name in the box (a whole path there showed only its end: the box scrolls to
+            # the cursor) and the folder in the line above it; a typed absolute path goes elsewhere
+            "Export the denoising as a recording (.cast)", default_recording_path(chat, message, folder).name,
             ok_label="Export", check=write, suggester=PathSuggester((".cast",)),
             help_text=f"An asciicast at {pace}, {width} columns wide, into {folder} (a missing folder is "
                       "created, an existing file replaced):",
@@ -947,7 +993,7 @@ class ChatScreen(Screen):
             return None
 
         self.app.push_screen(PromptModal(
-            "Export chat to Markdown", str(default_export_path(chat, folder)), ok_label="Export", check=write,
+            "Export chat to Markdown", default_export_path(chat, folder).name, ok_label="Export", check=write,
             suggester=PathSuggester((".md",)),
             help_text=f"Into {folder} (export_dir in {short_path(self.app.config.path)}; a missing folder is "
                       "created, an existing file replaced):",
@@ -1059,6 +1105,8 @@ class ChatScreen(Screen):
                 # block diffusion: canvas and block are the model's block, steps are per block
                 block_size=block_size_of(engine),
                 variant=str(engine.info.preset or ""),
+                # the config fixed no seed: the chat's field may be left empty (a new one each answer)
+                random_seed=not seed_chosen(self.resolved_params(engine, with_chat=False)),
             ),
             done,
         )

@@ -31,13 +31,17 @@ class ConfirmModal(ModalScreen[bool]):
     ]
 
     def __init__(self, title: str, message: str, confirm_label: str = "Delete",
-                 confirm_variant: Literal["default", "primary", "success", "warning", "error"] = "error") -> None:
-        """`confirm_variant`: the confirm button's colour (red for what destroys, primary otherwise)."""
+                 confirm_variant: Literal["default", "primary", "success", "warning", "error"] = "error", *,
+                 focus_confirm: bool = False) -> None:
+        """`confirm_variant`: the confirm button's colour (red for what destroys, primary otherwise);
+        `focus_confirm`: Enter confirms (a question whose answer is what the user just asked for, such
+        as a download); by default Cancel has the focus, so that Enter never destroys anything."""
         super().__init__(classes="dialog-screen")
         self.title_text = one_line(title, 200)
         self.message = safe_message(message, 4000)
         self.confirm_label = confirm_label
         self.confirm_variant = confirm_variant
+        self.focus_confirm = focus_confirm
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
@@ -49,7 +53,7 @@ class ConfirmModal(ModalScreen[bool]):
                 yield Button("Cancel", id="no")
 
     def on_mount(self) -> None:
-        self.query_one("#no", Button).focus()
+        self.query_one("#yes" if self.focus_confirm else "#no", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id == "yes")

@@ -10,6 +10,11 @@ with the canvas at the span. Enter / y accepts it (one edit: Ctrl+Z undoes it), 
 (the document is untouched), r asks again with the next seed, + / - asks for a longer or shorter
 span; Esc while it runs stops it. The model math is drafting_plan's and the engine's.
 
+Seeds: the first proposal's is the config's [sampler] seed when it sets one (the person's choice:
+the same document then gets the same proposals), else a newly drawn one, so that opening Drafting
+again (a new run of the app) does not repeat the last session's proposals; each later proposal
+takes the next seed. The status line names the proposal's seed.
+
 A model that writes left to right (block diffusion: SDAR, BD3LM) cannot see the text after a span:
 its rewrite is written after the text before the selection, as long as the selection, and a line
 over the status says so while the proposal is shown ("SDAR writes left to right: this rewrite
@@ -38,12 +43,14 @@ from dgchat.app.drafting_plan import (
     proposal_text,
     writes_left_to_right,
 )
+from dgchat.model_backend import param_resolution
 from dgchat.model_backend.engine_protocol import Engine, served
 from dgchat.app.error_modal import ErrorModal
 from dgchat.app.paths import short_path
 from dgchat.app.session import EngineJob
 from dgchat.app.tool_screen import ToolScreen, open_tool
 from dgchat.app.widgets.draft_preview import DraftPreview
+from dgchat.app.widgets.fitting_footer import FittingFooter
 from dgchat.app.widgets.status_bar import StatusBar
 from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
 from dgchat.model_backend.events import FinalEvent, StepEvent
@@ -53,7 +60,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.geometry import Offset
 from textual.timer import Timer
-from textual.widgets import Footer, Header, Label, TextArea
+from textual.widgets import Header, Label, TextArea
 from textual.widgets.text_area import Selection
 
 AUTOSAVE_DELAY = 1.0  # seconds after the last change
@@ -132,7 +139,7 @@ class DraftingScreen(ToolScreen):
         # what the proposal could not take into account (a left-to-right model: the text after it)
         yield Label("", id="draft-note", markup=False)
         yield StatusBar(id="draft-status")
-        yield Footer()
+        yield FittingFooter()
 
     @property
     def editor(self) -> TextArea:
@@ -144,8 +151,10 @@ class DraftingScreen(ToolScreen):
 
     def on_mount(self) -> None:
         # ToolScreen.on_mount runs too: Textual calls each class's handler along the MRO
-        seed = self.app.config.sampler_params().seed
-        self._seed = int(seed) if seed is not None else 0
+        # the config's own [sampler] table, not sampler_params(): DiffusionParams' seed defaults to 0, so
+        # there it never reads as unset. Drawn through the module: tests replace draw_seed.
+        seed = self.app.config.sampler.get("seed")
+        self._seed = int(seed) if seed is not None else param_resolution.draw_seed()
         editor = self.editor
         steady_cursors_when_headless(self)
         self._load()

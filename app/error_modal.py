@@ -8,7 +8,7 @@ from __future__ import annotations
 from dgchat.terminal_text import safe_document, safe_message
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
@@ -26,12 +26,30 @@ class ErrorModal(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog -error"):
             yield Label(self.title_text, classes="dialog--title")
-            yield Static(self.message, markup=False, classes="dialog--body", id="error-message")
+            # a long message (model: info, a server's error body) scrolls inside the dialog; its
+            # button stays on screen
+            with VerticalScroll(classes="dialog--scroll"):
+                yield Static(self.message, markup=False, classes="dialog--body", id="error-message")
             with Horizontal(classes="dialog--buttons"):
                 yield Button("OK", variant="primary", id="ok")
 
     def on_mount(self) -> None:
         self.query_one("#ok", Button).focus()
+        self.call_after_refresh(self._fit_text)
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._fit_text)
+
+    def _fit_text(self) -> None:
+        """Bound the text's height by what the dialog's 90% of the screen leaves after its title,
+        border and buttons (CSS has no "the rest of an auto-height box")."""
+        dialog = self.query_one(".dialog")
+        text = self.query_one(".dialog--scroll")
+        around = dialog.styles.gutter.height + text.styles.margin.height + sum(
+            c.outer_size.height + c.styles.margin.height for c in dialog.children if c is not text)
+        room = max(3, int(self.size.height * 0.9) - around)
+        if text.styles.max_height is None or text.styles.max_height.value != room:
+            text.styles.max_height = room
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(None)

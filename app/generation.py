@@ -22,6 +22,7 @@ from dgchat.app.session import Engine, EngineJob
 from dgchat.app.store import Store
 from dgchat.model_backend.errors import error_text
 from dgchat.model_backend.events import FinalEvent, StepEvent
+from dgchat.model_backend.param_resolution import uses_seed
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.recording.history import HistoryRecorder
 
@@ -41,9 +42,11 @@ def decided_tokens(engine: Engine, event: StepEvent) -> np.ndarray:
 
 
 def final_meta(final: FinalEvent, params: DiffusionParams, model_name: str, *,
-               block_size: int | None = None) -> dict[str, Any]:
+               block_size: int | None = None, seeded: bool = False) -> dict[str, Any]:
     """What the store keeps with an answer; `block_size`: it was written block after block (block
-    diffusion), so its canvases are blocks of that size (the answer's line counts them so)."""
+    diffusion), so its canvases are blocks of that size (the answer's line counts them so);
+    `seeded`: the seed changed the answer (param_resolution.uses_seed), so the answer's line shows
+    it: the same seed and settings give this version again."""
     stats = final.stats
     meta: dict[str, Any] = {
         "model": model_name,
@@ -61,6 +64,8 @@ def final_meta(final: FinalEvent, params: DiffusionParams, model_name: str, *,
     }
     if block_size and not params.autoregressive:
         meta["block_size"] = int(block_size)
+    if seeded:
+        meta["seed"] = int(params.seed)
     return meta
 
 
@@ -134,7 +139,8 @@ class ChatAnswer(EngineJob):
         if self.store is None or self.message_id is None or self.final is None:
             return
         meta = final_meta(self.final, self.params, self.model_name,
-                          block_size=self.recorder.block_size if self.recorder is not None else None)
+                          block_size=self.recorder.block_size if self.recorder is not None else None,
+                          seeded=uses_seed(self.params, getattr(self.engine, "info", None)))
         self.store.finish_answer(self.message_id, self.final.text, status_for(self.final.stop_reason), meta,
                                  recording=self.recording())
 

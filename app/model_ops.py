@@ -416,8 +416,9 @@ def download_confirm(row: ModelRow, hw: Hardware | None, models_dir: Path, *, th
                      no_speed: str = "") -> ConfirmModal:
     """The question the wizard and the Models screen ask before anything is downloaded."""
     title = "Download and use this model?" if then_use else "Download this model?"
+    # the user has just asked for this download: Enter says yes (Cancel is a Tab or Escape away)
     return ConfirmModal(title, download_question(row, hw, models_dir, no_speed=no_speed),
-                        confirm_label="Download", confirm_variant="primary")
+                        confirm_label="Download", confirm_variant="primary", focus_confirm=True)
 
 
 PHASES = {

@@ -47,6 +47,7 @@ from dgchat.app.model_source import ModelSource, ServerSource
 from dgchat.app.prompt_modal import PromptModal
 from dgchat.app.widgets.checkpoint_pull import PullPanel, conversion_label, keep_answer
 from dgchat.app.widgets.checkpoint_pull import download_confirm as checkpoint_confirm
+from dgchat.app.widgets.fitting_footer import FittingFooter
 from dgchat.hub import DownloadCancelled, Hardware, TokenRequiredError
 from dgchat.hub.machine_profile import MachineProfile, ProfileCancelled
 from dgchat.hub.manager import ModelRow, PullResult
@@ -62,7 +63,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Button, DataTable, Footer, Header, Static
+from textual.widgets import Button, DataTable, Header, Static
 
 NARROW = 70  # columns below which the screen uses its short forms
 SHORT = 24  # rows below which the buttons lose their borders
@@ -187,7 +188,7 @@ class ModelsScreen(Screen[ModelSource | None]):
                 yield Button("Verify", id="m-verify")
                 yield Button("Remove", id="m-remove", variant="error")
                 yield Button("Import…", id="m-import")
-        yield Footer()
+        yield FittingFooter()
 
     def on_mount(self) -> None:
         self.sub_title = "Models"

@@ -3,8 +3,12 @@ generated at once and drawn live as they denoise, keep / reject, export of the k
 
 Everything about lines is dgchat.npc's (docs/NPC.md): the screen builds a LineSpec from the form,
 runs `NpcGenerator(engine).generate(spec, progress=…, cancel=…)` on a worker thread (one batched
-decode per step for all variants), and hands the kept variants to build_export / write_export. The
-same card, line, seed, count and model give the same lines here as with `dgchat npc`.
+decode per step for all variants), and hands the kept variants to build_export / write_export.
+
+Seeds: with the Seed field empty each batch draws its own first seed (param_resolution.draw_seed), so
+Ctrl+G again gives other lines; the batch's title and each variant name the seeds used, and the
+export records them. A typed seed is the person's choice and is kept: the same card, line, seed,
+count and model give the same lines here as with `dgchat npc`.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 
 from dgchat.app.breakpoints import WIDTH_BREAKPOINTS
 from dgchat.app.confirm_modal import ConfirmModal
+from dgchat.model_backend import param_resolution
 from dgchat.model_backend.engine_protocol import served
 from dgchat.app.error_modal import ErrorModal
 from dgchat.app.npc_card_modal import CardModal
@@ -22,6 +27,7 @@ from dgchat.app.paths import short_path
 from dgchat.app.prompt_modal import PromptModal
 from dgchat.app.session import EngineJob
 from dgchat.app.tool_screen import ToolScreen, open_tool
+from dgchat.app.widgets.fitting_footer import FittingFooter
 from dgchat.app.widgets.npc import BatchView, CardList, VariantView
 from dgchat.app.widgets.status_bar import StatusBar
 from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
@@ -51,7 +57,7 @@ from textual.containers import (
     Vertical,
     VerticalScroll,
 )
-from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
+from textual.widgets import Button, Header, Input, Label, Select, Static
 
 PHASES = {"length": "trying hole lengths", "score": "scoring lengths", "generate": "denoising",
           "retry": "regenerating (banned word or empty line)"}
@@ -118,8 +124,11 @@ class NpcScreen(ToolScreen):
     NpcScreen .npc--var-label { width: auto; color: $secondary; }
     NpcScreen #npc-vars-none { width: 1fr; color: $text-muted; }
     NpcScreen #npc-length { width: 16; }
-    NpcScreen #npc-count, NpcScreen #npc-seed, NpcScreen #npc-temperature { width: 5; }
-    NpcScreen #npc-generate { margin-left: 2; }
+    NpcScreen #npc-count, NpcScreen #npc-temperature { width: 5; }
+    /* "random" and the cursor; a drawn seed typed back in has up to six digits. The button's margin is
+       one cell, so that the row still fits beside the character list at WIDE_FROM columns */
+    NpcScreen #npc-seed { width: 7; }
+    NpcScreen #npc-generate { margin-left: 1; }
     NpcScreen #npc-spec-error { color: $error; height: auto; }
     NpcScreen #npc-spec-error.-empty { display: none; }
     NpcScreen #npc-results { height: 1fr; padding: 0 1; }
@@ -155,6 +164,9 @@ class NpcScreen(ToolScreen):
         self._generator: tuple[Any, NpcGenerator] | None = None  # (engine, its generator)
         self._export_path: Path | None = None
         self._current_card: str | None = None
+        # the problem under the form came from checking the form at Ctrl+G (build_spec): it is checked
+        # again whenever the form or the characters change, so it never outlives its cause
+        self._form_problem = False
 
     # -- layout ---------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -193,7 +205,8 @@ class NpcScreen(ToolScreen):
                             yield Input("4", type="integer", id="npc-count", compact=True)
                         with HorizontalGroup(classes="npc--group"):
                             yield Label("Seed", classes="npc--label-inline -second")
-                            yield Input("0", type="integer", id="npc-seed", compact=True)
+                            # empty: new seeds for every batch; a typed seed repeats its lines
+                            yield Input("", placeholder="random", type="integer", id="npc-seed", compact=True)
                             yield Label("Temp", classes="npc--label-inline")
                             yield Input("", placeholder="0.8", type="number", id="npc-temperature", compact=True)
                             yield Button("Generate", id="npc-generate", compact=True, variant="primary")
@@ -204,7 +217,7 @@ class NpcScreen(ToolScreen):
                                  "k keeps it, x rejects it; Ctrl+S exports the kept lines as JSON or CSV.",
                                  classes="npc--empty", id="npc-empty", markup=False)
                 yield StatusBar(id="npc-status")
-        yield Footer()
+        yield FittingFooter()
 
     def on_mount(self) -> None:
         steady_cursors_when_headless(self)
@@ -233,6 +246,10 @@ class NpcScreen(ToolScreen):
             errors.display = False
         hint = "n new · e edit · d delete" if self.shelf.cards else "No characters yet: n (or Ctrl+N) creates one"
         self.query_one("#npc-cards-hint", Static).update(hint)
+        card = cards.current
+        # the header names the current character: none once the last card is deleted
+        self.sub_title = one_line(card.name, 200) if card is not None else ""
+        self._recheck_form()
 
     def on_card_list_request(self, event: CardList.Request) -> None:
         event.stop()
@@ -302,6 +319,7 @@ class NpcScreen(ToolScreen):
         if card is not None:
             self._current_card = card.id
             self.sub_title = one_line(card.name, 200)  # a shared card's name, by the terminal rule
+        self._recheck_form()
 
     # -- the line form --------------------------------------------------------------------------
     def on_input_changed(self, event: Input.Changed) -> None:
@@ -310,6 +328,8 @@ class NpcScreen(ToolScreen):
             self._template_changed(event.value)
         elif widget_id.startswith("npc-var-"):
             self.var_values[widget_id.removeprefix("npc-var-")] = event.value
+        if widget_id.startswith("npc-"):
+            self._recheck_form()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if (event.input.id or "").startswith("npc-"):
@@ -321,25 +341,46 @@ class NpcScreen(ToolScreen):
             event.stop()
             self.action_generate()
 
-    def spec_error(self, message: str) -> None:
-        """Name a problem with the line under the form ("" clears it)."""
+    def spec_error(self, message: str, *, from_form: bool = False) -> None:
+        """Name a problem with the line under the form ("" clears it). `from_form`: the form's own
+        problem (build_spec), checked again as the form changes (`_recheck_form`)."""
         label = self.query_one("#npc-spec-error", Label)
         label.update(one_line(message))
         label.set_class(not message, "-empty")
+        self._form_problem = from_form and bool(message)
+
+    def _recheck_form(self) -> None:
+        """A problem that Ctrl+G found in the form is checked again after a change: it goes once fixed
+        (a character created, a variable filled in) or names what is still wrong, instead of staying
+        on screen until the next Ctrl+G. Problems of a run (the server, the model) are left alone."""
+        if not self._form_problem:
+            return
+        try:
+            self.build_spec(fresh_seed=False)
+        except DgchatError as exc:
+            self.spec_error(str(exc), from_form=True)
+            return
+        self.spec_error("")
 
     def _template_changed(self, source: str) -> None:
         self.query_one("#npc-length", Select).disabled = bool(source.strip())
         if not source.strip():
-            self.spec_error("")
+            self._template_problem("")
             self._set_slots(())
             return
         try:
             template = parse_template(source)
         except TemplateError as exc:
-            self.spec_error(str(exc))
+            self._template_problem(str(exc))
             return
-        self.spec_error("" if template.holes else "the template has no hole ({___}) for the model to fill")
+        self._template_problem("" if template.holes else "the template has no hole ({___}) for the model to fill")
         self._set_slots(template.slots)
+
+    def _template_problem(self, message: str) -> None:
+        # a template without a problem does not clear what Ctrl+G found elsewhere in the form (no
+        # character, a variable without a value): _recheck_form decides about that
+        if message or not self._form_problem:
+            self.spec_error(message)
 
     def _set_slots(self, slots: tuple[str, ...]) -> None:
         if slots == self._slots:
@@ -363,8 +404,15 @@ class NpcScreen(ToolScreen):
         except ValueError:
             raise NpcError(f"{label}: enter a whole number (got {raw!r})") from None
 
-    def build_spec(self) -> LineSpec:
-        """The form as a LineSpec, validated; NpcError names the problem."""
+    @property
+    def seed_typed(self) -> bool:
+        """Whether the person typed a seed (kept for every batch) rather than leaving the field empty
+        (new seeds for each batch)."""
+        return bool(self.query_one("#npc-seed", Input).value.strip())
+
+    def build_spec(self, *, fresh_seed: bool = True) -> LineSpec:
+        """The form as a LineSpec, validated; NpcError names the problem. With the Seed field empty
+        the spec's seed is newly drawn (`fresh_seed`; False: only checking the form, seed 0)."""
         card = self.current_card
         if card is None:
             raise NpcError("no character: create one first (Ctrl+N)")
@@ -384,7 +432,7 @@ class NpcScreen(ToolScreen):
         count = self._int_field("npc-count", "Variants")
         if not 1 <= count <= MAX_COUNT:
             raise NpcError(f"Variants: 1 to {MAX_COUNT} (got {count})")
-        seed = self._int_field("npc-seed", "Seed")
+        seed = self._int_field("npc-seed", "Seed") if self.seed_typed else None
         raw_t = self.query_one("#npc-temperature", Input).value.strip()
         try:
             temperature = float(raw_t) if raw_t else None
@@ -392,6 +440,10 @@ class NpcScreen(ToolScreen):
             raise NpcError(f"Temp: enter a number (got {raw_t!r})") from None
         if temperature is not None and not 0 <= temperature <= 5:
             raise NpcError(f"Temp: 0 to 5 (got {raw_t})")
+        if seed is None:
+            # nobody chose a seed: another Ctrl+G is meant to give other lines (through the module, so
+            # that tests' repeatable draws apply)
+            seed = param_resolution.draw_seed() if fresh_seed else 0
         spec = LineSpec(
             card,
             context=self.query_one("#npc-context", Input).value.strip(),
@@ -413,7 +465,7 @@ class NpcScreen(ToolScreen):
         try:
             spec = self.build_spec()
         except DgchatError as exc:
-            self.spec_error(str(exc))
+            self.spec_error(str(exc), from_form=True)
             return
         self.spec_error("")
         engine = self.engine_for_job()
@@ -427,7 +479,8 @@ class NpcScreen(ToolScreen):
         results = self.query_one("#npc-results", VerticalScroll)
         for hint in self.query("#npc-empty"):
             hint.remove()
-        view = BatchView(self._batch_title(spec), spec.count, spec.seed, engine, classes="batch")
+        view = BatchView(self._batch_title(spec, drawn=not self.seed_typed), spec.count, spec.seed, engine,
+                         classes="batch")
         self._batch_view = view
         results.mount(view)
         results.scroll_end(animate=False)
@@ -453,9 +506,13 @@ class NpcScreen(ToolScreen):
         self.update_status()
 
     @staticmethod
-    def _batch_title(spec: LineSpec) -> str:
+    def _batch_title(spec: LineSpec, *, drawn: bool = False) -> str:
+        """The batch's heading: who, which line, and the seeds used (`drawn`: random ones, which typed
+        into Seed give these lines again)."""
         line = f"“{spec.template}”" if spec.template is not None else f"free line, {spec.length}"
         seeds = f"seed {spec.seed}" if spec.count == 1 else f"seeds {spec.seed}–{spec.seed + spec.count - 1}"
+        if drawn:
+            seeds = f"random {seeds}"
         context = f" · {spec.context}" if spec.context else ""
         return f"{spec.card.name}{context} · {line} · {seeds}"
 

@@ -60,12 +60,16 @@ _BLOCK_LABELS = {"gen_length": "canvas (one block)", "block_length": "block leng
 def sources_text(table: Mapping[str, Mapping[str, Any]], uniform_state: bool, *, block_size: int | None = None) -> str:
     """The settings a chat runs with and where each came from (model_backend/param_resolution's
     table, as `dgchat generate --json` prints it), one per line: "steps  48  (model file)".
-    Settings no one chose (DiffusionParams' own defaults: seed 0, cfg 0, ...) are left out, and a
+    Settings no one chose (DiffusionParams' own defaults: cfg 0, ...) are left out (the seed reads "new for each answer"), and a
     uniform-state model's fixed temperature, which it does not read while it denoises. With
     `block_size` (block diffusion) the names say what they mean there ("steps per block")."""
     labels = {**_LABELS, **_BLOCK_LABELS} if block_size else _LABELS
     rows = []
     for name, row in table.items():
+        if name == "seed" and row["source"] in ("default", "family default", "model file"):
+            # the app draws a seed for every answer unless a person fixed one (with_fresh_seed)
+            rows.append(("seed", "new for each answer", "shown on the answer"))
+            continue
         if row["source"] == "default" and name != "precise":
             continue
         if name == "temperature" and uniform_state and not table.get("autoregressive", {}).get("value"):

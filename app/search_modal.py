@@ -72,6 +72,8 @@ class SearchModal(ModalScreen[tuple[int, int | None] | None]):
         options = []
         for i, hit in enumerate(self.hits):
             who = {"user": "You", "assistant": "Assistant", "title": "Title"}.get(hit.role, hit.role)
+            versions = hit.versions_text()
+            who += f" · {versions}" if versions else ""
             prompt = Text.assemble((one_line(hit.chat_title, 200), "bold"), "  ", (who, "dim"), "\n",
                                    highlighted(hit.snippet))
             options.append(Option(prompt, id=f"hit-{i}"))

@@ -68,7 +68,7 @@ FIELDS: dict[str, tuple[str, Any, str]] = {
     "t_min": ("Temp. end", float, ""),  # the hint says the schedule the fields make (_default_hint)
     "cache": ("Cache mode", CACHE_MODES, "KV reuse across steps"),
     "max_tokens": ("Max tokens", int, "longest answer"),
-    "seed": ("Seed", int, "random seed"),
+    "seed": ("Seed", int, "the same seed repeats an answer"),
 }
 
 # what a number field takes, for the message when the text is not a number at all (ranges and the
@@ -242,9 +242,12 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
         annealed: bool = False,
         block_size: int | None = None,
         variant: str = "",
+        random_seed: bool = False,
     ) -> None:
         """`annealed`: the model's temperature runs t_max → t_min (DiffusionGemma), see fields_for.
-        `block_size`: a block-diffusion model (`variant` "sdar" / "bd3lm"), see block_notes."""
+        `block_size`: a block-diffusion model (`variant` "sdar" / "bd3lm"), see block_notes.
+        `random_seed`: no one fixed a seed above the chat (the config), so an empty Seed field draws
+        a new one for every answer, and any number typed there, 0 included, is the chat's choice."""
         super().__init__(classes="dialog-screen")
         self.fields = fields_for(annealed)
         self.block_size = block_size or None
@@ -264,6 +267,7 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
         self.check_model = check_model
         self._error_about = ""
         self._error_model: str | None = None
+        self.random_seed = random_seed
 
     def compose(self) -> ComposeResult:
         effective = self.defaults.updated(**{k: v for k, v in self.overrides.items() if k in self.fields})
@@ -289,6 +293,9 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
                             yield Select([(c, c) for c in kind], value=value if value in kind else Select.NULL,
                                          allow_blank=value not in kind, id=f"field-{name}", compact=True,
                                          disabled=fixed)
+                        elif name == "seed" and self.random_seed:
+                            yield Input(_fmt(self.overrides.get("seed")), placeholder="random", id="field-seed",
+                                        compact=True)
                         else:
                             # plain text, not type="integer": a letter typed by mistake shows, and is named
                             yield Input(_fmt(value), id=f"field-{name}", compact=True, disabled=fixed)
@@ -313,6 +320,8 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
             return f"default: {default} · runs {self._schedule(values)} over a canvas"
         if name in self.fixed:
             return self.notes[name]
+        if name == "seed" and self.random_seed:
+            return "default: new for each answer · a number repeats one"
         return f"default: {default} · {self.notes.get(name) or FIELDS[name][2]}"
 
     def _schedule(self, values: dict[str, Any] | None) -> str:
@@ -387,7 +396,8 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
         """The values that differ from the defaults as shown: a model file's float32 default (t_min
         0.4000000059604645) reads "0.4" in its field, and leaving it there is no choice to save."""
         return {k: v for k, v in values.items()
-                if v is not None and v != getattr(self.defaults, k) and _fmt(v) != _fmt(getattr(self.defaults, k))}
+                if v is not None and (k == "seed" and self.random_seed  # no default: any seed is a choice
+                                      or v != getattr(self.defaults, k) and _fmt(v) != _fmt(getattr(self.defaults, k)))}
 
     def collect(self) -> ChatSettings:
         """The form as settings, validated; raises DgchatError naming the bad field."""
@@ -470,7 +480,7 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
                 if value in kind:
                     self.query_one(f"#field-{name}", Select).value = value
             else:
-                self.query_one(f"#field-{name}", Input).value = _fmt(value)
+                self.query_one(f"#field-{name}", Input).value = "" if name == "seed" and self.random_seed else _fmt(value)
         self._set_error("")
 
     def action_cancel(self) -> None:

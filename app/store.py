@@ -143,6 +143,18 @@ class SearchHit:
     message_id: int | None  # None: the chat's title matched
     role: str
     snippet: str  # matches wrapped in HIGHLIGHT_START / HIGHLIGHT_END
+    # the turn's versions in which this text matched (1-based, oldest first) and how many the turn
+    # has: versions of one answer that match with the same words are one hit, naming them all
+    matched_versions: tuple[int, ...] = (1,)
+    versions: int = 1
+
+    def versions_text(self) -> str:
+        """'' for a turn with one version; 'version 2/4'; 'versions 1, 3 of 4'."""
+        if self.versions <= 1:
+            return ""
+        if len(self.matched_versions) == 1:
+            return f"version {self.matched_versions[0]}/{self.versions}"
+        return f"versions {', '.join(map(str, self.matched_versions))} of {self.versions}"
 
 
 # -- schema upgrade steps ---------------------------------------------------------------------------
@@ -662,16 +674,30 @@ class Store:
                         if len(hits) >= limit:
                             break
             rows = self._query(
-                f"SELECT m.id, m.chat_id, m.role, c.title, "
-                f"snippet(messages_fts, 0, '{HIGHLIGHT_START}', '{HIGHLIGHT_END}', '…', 10) AS snip "
+                f"SELECT m.id, m.chat_id, m.role, m.parent_id, c.title, "
+                f"snippet(messages_fts, 0, '{HIGHLIGHT_START}', '{HIGHLIGHT_END}', '…', 10) AS snip, "
+                f"(SELECT COUNT(*) FROM messages v WHERE v.chat_id = m.chat_id AND v.parent_id IS m.parent_id "
+                f" AND v.id <= m.id) AS version, "
+                f"(SELECT COUNT(*) FROM messages v WHERE v.chat_id = m.chat_id AND v.parent_id IS m.parent_id) "
+                f" AS versions "
                 f"FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid JOIN chats c ON c.id = m.chat_id "
                 f"WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?",
-                (query, limit),
+                (query, limit * 4),  # room for versions that fold into one hit
             )
         except sqlite3.Error as exc:
             raise SearchError(f"search failed: {exc}") from None
+        same: dict[tuple[int, int | None, str, str], SearchHit] = {}
         for row in rows:
-            hits.append(SearchHit(row["chat_id"], row["title"], row["id"], row["role"], " ".join(row["snip"].split())))
+            snippet = " ".join(row["snip"].split())
+            key = (row["chat_id"], row["parent_id"], row["role"], snippet)
+            if key in same:  # another version of the same turn, matching with the same words
+                hit = same[key]
+                hit.matched_versions = tuple(sorted({*hit.matched_versions, int(row["version"])}))
+                continue
+            hit = SearchHit(row["chat_id"], row["title"], row["id"], row["role"], snippet,
+                            (int(row["version"]),), int(row["versions"]))
+            same[key] = hit
+            hits.append(hit)
         return hits[:limit]
 
     # -- settings -------------------------------------------------------------------------------

@@ -35,8 +35,13 @@ changes the default model.
 
 Small terminals: below NARROW columns the buttons take short labels and the steps line numbers the
 other steps only; below SHORT rows the buttons lose their borders and the model table shows fewer
-rows. The main button is docked at the right of the button bar, so it is on screen at any width,
-and every step's body scrolls.
+rows. Where the bar's buttons still do not fit (60 columns, run again) they take the shorter words
+of TINY_LABELS rather than being cut. The main button is docked at the right of the button bar, so
+it is on screen at any width, and every step's body scrolls. Paths break after a '/' (PathText);
+the recommendation above the table is one clause, the rest of its reason leads its row's details.
+
+The steps line marks a step passed over with '–' (the download, when the model needed none); the
+download page's heading says what became of the download (paused, not downloaded, downloaded).
 """
 
 from __future__ import annotations
@@ -62,7 +67,9 @@ from dgchat.app.trial import trial_params
 from dgchat.app.widgets.canvas import LiveCanvas
 from dgchat.app.widgets.checkpoint_pull import PullPanel, conversion_label, keep_answer
 from dgchat.app.widgets.checkpoint_pull import download_confirm as checkpoint_confirm
+from dgchat.app.widgets.path_text import PathText
 from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
+from dgchat.app.widgets.tick_box import TickBox
 from dgchat.hub import (
     DownloadCancelled,
     Hardware,
@@ -72,14 +79,18 @@ from dgchat.hub import (
     load_hardware_overrides,
     save_hardware_overrides,
 )
+from dgchat.hub.fit import Recommendation
 from dgchat.hub.hardware import rebuild_command
 from dgchat.hub.machine_profile import MachineProfile, ProfileCancelled, summary
 from dgchat.hub.manager import ModelRow, PullResult
 from dgchat.hub.registry import InstalledModel
+from dgchat.hub.speed import rate_words
 from dgchat.hub.util import format_bytes
 from dgchat.model_backend.errors import DgchatError
+from dgchat.model_backend.events import GenerationStats
 from dgchat.remote.client import API_KEY_ENV, RemoteClient
 from dgchat.terminal_text import one_line, safe_document, safe_message
+from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
 from textual import events
@@ -132,7 +143,26 @@ SHORT = 28  # rows below which the buttons lose their borders and the table show
 # button -> its label below NARROW columns (the main button's labels are short already)
 SHORT_LABELS = {"Use a server…": "Server…", "Use the bundled model": "Bundled model",
                 "Choose another model": "Other model", "Run the test again": "Test again"}
+# a label -> a shorter one, used only where the bar's visible buttons would not fit whole with the
+# labels above (60 columns, run again: Close joins them): a shorter word reads better than a cut one
+TINY_LABELS = {"Bundled model": "Bundled", "Use this model": "Use it", "Use it (no download)": "Use it",
+               "Resume download": "Resume", "Other model": "Other", "Test again": "Again",
+               "Start chatting": "Chat", "Download again": "Again"}  # each set again by every _nav
+NAV_MIN_WIDTH = (16, 8)  # a bar button's min-width: Textual's Button default, below NARROW dgchat.tcss's
 HW_LABEL_WIDTH = (14, 12)  # #hw-grid's first column (below NARROW columns): the speed rows line up with it
+
+
+class QuietLine(Static):
+    """A Static that takes no row while it says nothing (the ready step's stats and error line: at
+    60x20 the test answer and the note below need those rows)."""
+
+    def __init__(self, content: str = "", **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.display = bool(content)
+
+    def update(self, content: Any = "", *, layout: bool = True) -> None:
+        super().update(content, layout=layout)
+        self.display = bool(str(content))
 
 
 def _size_text(value: int | None) -> str:
@@ -184,6 +214,7 @@ class WizardScreen(Screen[None]):
         self.canvas: LiveCanvas | None = None
         self.live: LiveView | None = None
         self._finish_when_done = False
+        self._first_since_load = False  # the next test answer is the loaded model's first
         self._table_width = 0  # the width the model table was laid out for
         # this machine's speed: the saved profile, or measured once in a worker
         self.profile: MachineProfile | None = None
@@ -192,6 +223,7 @@ class WizardScreen(Screen[None]):
         self.profile_task: HubTask | None = None
         self.profile_progress: tuple[float, str] = (0.0, "")
         self._auto_choice: str | None = None  # the row preselected as recommended (not the user's pick)
+        self.recommendation: Recommendation | None = None  # the model list's (hub.fit.recommend)
 
     # -- layout ---------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -217,7 +249,7 @@ class WizardScreen(Screen[None]):
                                         if key != "cpu_cores" else "unknown")
                             yield Label("", id=f"{wid}-note", classes="hw--note", markup=False)
                         yield Label("GPU offload", classes="hw--label")
-                        yield Checkbox("offloads", id="hw-offload", compact=True)
+                        yield TickBox("offloads", id="hw-offload", compact=True)
                         yield Label("", id="hw-offload-note", classes="hw--note", markup=False)
                     # a GPU this engine build cannot use: what to run (the whole width: it is long)
                     yield Static("", id="hw-offload-help", markup=False)
@@ -226,7 +258,8 @@ class WizardScreen(Screen[None]):
                     yield Static("", id="hw-error", classes="wiz--error", markup=False)
                 with Vertical(id="step-model", classes="wiz-step"):
                     yield Label("Choose a model", classes="wiz--h1")
-                    with VerticalScroll(id="model-why-scroll", can_focus=False):
+                    # whole, not in a scroll box of its own: the reason is one clause (see _fill_models)
+                    with Vertical(id="model-why-box"):
                         yield Static("", id="model-why", classes="wiz--muted", markup=False)
                         yield Static("", id="model-speed", classes="wiz--muted", markup=False)
                     yield DataTable(id="wiz-models", cursor_type="row", zebra_stripes=False)
@@ -244,7 +277,7 @@ class WizardScreen(Screen[None]):
                         yield Input("", id="srv-key", compact=True, password=True,
                                     placeholder="optional (else $DGCHAT_API_KEY)")
                         yield Label("", classes="hw--label")
-                        yield Checkbox("save the key in the config file", id="srv-save-key", compact=True)
+                        yield TickBox("save the key in the config file", id="srv-save-key", compact=True)
                     yield Static(KEY_NOT_SAVED, id="srv-key-note", classes="wiz--muted", markup=False)
                     yield Static("", id="srv-result", markup=False)
                     yield Static("", id="srv-error", classes="wiz--error", markup=False)
@@ -252,7 +285,7 @@ class WizardScreen(Screen[None]):
                     yield Label("", id="dl-title", classes="wiz--h1", markup=False)
                     yield Static("", id="dl-source", classes="wiz--muted", markup=False)
                     yield PullPanel(id="dl-panel")  # a checkpoint: a second bar for its conversion
-                with Vertical(id="step-ready", classes="wiz-step"):
+                with VerticalScroll(id="step-ready", classes="wiz-step"):  # at 60x20 its notes need more rows
                     yield Label("", id="ready-title", classes="wiz--h1", markup=False)
                     yield Static("", id="ready-model", classes="wiz--muted", markup=False)
                     with Horizontal(id="ready-loading"):
@@ -260,8 +293,8 @@ class WizardScreen(Screen[None]):
                         yield ProgressBar(total=100, show_eta=False, id="ready-bar")
                     yield Label(f"A short test — “{TEST_PROMPT}”", id="ready-prompt", markup=False)
                     yield VerticalScroll(id="ready-answer")
-                    yield Static("", id="ready-stats", classes="wiz--muted", markup=False)
-                    yield Static("", id="ready-error", classes="wiz--error", markup=False)
+                    yield QuietLine("", id="ready-stats", classes="wiz--muted", markup=False)
+                    yield QuietLine("", id="ready-error", classes="wiz--error", markup=False)
                     yield Static("", id="ready-note", classes="wiz--muted", markup=False)
             with Horizontal(id="wiz-nav"):
                 yield Button("Back", id="wiz-back")
@@ -319,10 +352,18 @@ class WizardScreen(Screen[None]):
             if nxt.display and not nxt.disabled:
                 nxt.focus()
 
+    def download_skipped(self) -> bool:
+        """Whether the model the ready step uses came without the download step: the bundled model,
+        an installed one, a server (also after a download of another model failed or was paused)."""
+        result = self.pull_result
+        return not (self.download_state == "done" and result is not None and self.model_path == result.path)
+
     def _show_steps(self) -> None:
         """'✓ Welcome  ›  2 This machine  ›  3 Model …'; where that does not fit, only the current
-        step is named ('✓ 1 › 2 This machine › 3 › 4 › 5')."""
+        step is named ('✓ 1 › 2 This machine › 3 › 4 › 5'). A step passed over is marked '–', not
+        '✓' (the download, when the model needed none)."""
         current = STEPS.index("model" if self.step == "server" else self.step)
+        skipped = {"download"} if self.step == "ready" and self.download_skipped() else set()
 
         def line(short: bool) -> Text:
             text = Text()
@@ -330,7 +371,9 @@ class WizardScreen(Screen[None]):
                 if i:
                     text.append(" › " if short else "  ›  ", style="dim")
                 name = f"{i + 1}" if short and i != current else STEP_TITLES[step]
-                if i < current:
+                if i < current and step in skipped:
+                    text.append(f"– {name}" if short else f"– {name} skipped", style="dim")
+                elif i < current:
                     text.append(f"✓ {name}", style="dim")
                 elif i == current:
                     text.append(f"{i + 1} {name}", style="bold reverse")
@@ -416,11 +459,27 @@ class WizardScreen(Screen[None]):
         for wid, text in (("wiz-server", "Use a server…"), ("wiz-bundled", "Use the bundled model"),
                           ("wiz-retest", "Run the test again")):
             self.query_one(f"#{wid}", Button).label = self._label(text)
+        self._fit_nav_labels()
         for button in self.query("#wiz-nav Button").results(Button):
             # Textual keeps a button's width for its old label (the width is cached, a new label only
             # repaints): measured again, so a longer label is never cut
             button.clear_cached_dimensions()
             button.refresh(layout=True)
+
+    def _fit_nav_labels(self) -> None:
+        """TINY_LABELS where the visible buttons would not fit the bar: the docked main button would
+        cover the end of the one before it ("Bundled mod")."""
+        buttons = [b for b in self.query("#wiz-nav Button").results(Button) if b.display]
+        min_width = NAV_MIN_WIDTH[self.has_class("-narrow")]
+
+        def width(button: Button) -> int:  # its label and padding (Button's content width), margin-left 1
+            return max(cell_len(str(button.label)) + 2, min_width) + 1
+
+        room = min(self.app.size.width, WIZARD_MAX_WIDTH) - 2  # #wizard's padding
+        if sum(map(width, buttons)) <= room:
+            return
+        for button in buttons:
+            button.label = TINY_LABELS.get(str(button.label), str(button.label))
 
     def _choose_label(self, row: ModelRow | None) -> tuple[str, bool]:
         if row is None:
@@ -557,7 +616,7 @@ class WizardScreen(Screen[None]):
         self.query_one("#hw-cores-note", Label).update("CPUs dgchat may use")
         self.query_one("#hw-ram-note", Label).update(
             f"{format_bytes(hw.ram_available)} free now" if hw.ram_available is not None else "")
-        self.query_one("#hw-disk-note", Label).update(f"in {short_path(hw.models_dir)}")
+        self.query_one("#hw-disk-note", Label).update(PathText(f"in {short_path(hw.models_dir)}"))
         if hw.gpus:
             names = ", ".join(g.name for g in hw.gpus)
             free = f", {format_bytes(hw.vram_free)} free" if hw.vram_free is not None else ""
@@ -716,18 +775,16 @@ class WizardScreen(Screen[None]):
                    if self.hw is not None else None)
         except DgchatError as exc:
             self.rows = []
+            self.recommendation = None
             why.update(f"The model list could not be read: {exc}")
             self.choice = None
             self._nav()
             return
-        if rec is None:
-            why.update("")
-        elif self.profile is None:
-            by_memory = ("speed unknown: this machine's speed could not be measured"
-                         if self.profile_state == "failed" else "by memory only until this machine's speed is measured")
-            why.update(f"★ {rec.entry.title} is recommended: {rec.reason}; {by_memory}.")
-        else:
-            why.update(f"★ {rec.entry.title} is recommended: {rec.reason}.")
+        # why, in a clause, so that the line stays whole on a small terminal: the rest of the reason
+        # leads the starred row's details below the table (the row is preselected; _details), its
+        # predicted time is their Speed line; without a profile #model-speed says the list goes by memory
+        self.recommendation = rec
+        why.update("" if rec is None else f"★ {rec.entry.title} is recommended: {rec.headline or rec.reason}.")
         self._show_speed()
         selected = 0
         # the user's pick stays; a preselected recommendation follows the new one
@@ -768,9 +825,20 @@ class WizardScreen(Screen[None]):
 
     def _select(self, index: int) -> None:
         self.choice = self.rows[index]
-        self.query_one("#model-detail", Static).update(
-            model_ops.row_details(self.choice, self.hw, no_speed=self.no_speed()))
+        self.query_one("#model-detail", Static).update(PathText(self._details(self.choice)))
         self._nav()
+
+    def _details(self, row: ModelRow) -> str:
+        """The row's details; the recommended row's begin with the rest of its recommendation's
+        reason (the line above the table names the reason only): the memory it needs of what is
+        usable, and what the reason says of other models (hub.fit.Recommendation.notes)."""
+        text = model_ops.row_details(row, self.hw, no_speed=self.no_speed())
+        rec = self.recommendation
+        if not row.recommended or rec is None or not rec.notes:
+            return text
+        first, _, rest = text.partition("\n")
+        notes = [note[0].upper() + note[1:] + "." for note in rec.notes]
+        return "\n".join([first, *notes, *([rest] if rest else [])])
 
     def _bundled_row(self) -> ModelRow | None:
         for row in self.rows:
@@ -897,8 +965,7 @@ class WizardScreen(Screen[None]):
         self.problem = None
         self.pull_result = None
         self.download_state = "running"
-        self.query_one("#dl-title", Label).update(
-            f"Getting {row.title}" if row.status == "in HF cache" else f"Downloading {row.title}")
+        self._show_download_title()
         if row.entry is not None and row.entry.checkpoint:
             source = (f"from huggingface.co/{row.entry.repo}: a checkpoint of {len(row.entry.files)} files, then "
                       f"converted and quantized to {row.entry.quant} into {short_path(mgr.models_dir)}"
@@ -911,7 +978,7 @@ class WizardScreen(Screen[None]):
         else:
             cached = row.hf_cache.path if row.hf_cache is not None else None
             source = f"from your Hugging Face cache: {short_path(cached) if cached else row.name}"
-        self.query_one("#dl-source", Static).update(source)
+        self.query_one("#dl-source", Static).update(PathText(source))
         partial = row.partial
         self.panel.stages(conversion_label(row.entry))
         self.panel.start(model_ops.PHASES["resolving"], partial.done if partial else 0,
@@ -931,6 +998,20 @@ class WizardScreen(Screen[None]):
         self.pull_task = start_hub_task(self, "pull", call, progress=self.show_progress, done=self._pulled,
                                         failed=self._pull_failed)
         self._nav()
+
+    def _show_download_title(self) -> None:
+        """The download page's heading says what is happening now: the download, its pause, its
+        failure or its end (not "Downloading …" over a failure)."""
+        row = self.choice
+        if row is None:
+            return
+        cached = row.status == "in HF cache"
+        title = {
+            "paused": f"Paused: {row.title}",
+            "failed": f"Not {'added' if cached else 'downloaded'}: {row.title}",
+            "done": f"{'Added' if cached else 'Downloaded'}: {row.title}",
+        }.get(self.download_state, f"Getting {row.title}" if cached else f"Downloading {row.title}")
+        self.query_one("#dl-title", Label).update(title)
 
     @property
     def panel(self) -> PullPanel:
@@ -956,6 +1037,7 @@ class WizardScreen(Screen[None]):
             self.model_path = result.path
             text = f"Added: sha256 {result.sha256[:16]}… · {short_path(result.path)}"
         self.panel.finished(text)
+        self._show_download_title()
         self._nav()
         self.call_after_refresh(self._focus_step)
 
@@ -968,6 +1050,7 @@ class WizardScreen(Screen[None]):
         else:
             self.download_state = "failed"
             self.panel.failed(problem)
+        self._show_download_title()
         self._nav()
         if isinstance(exc, TokenRequiredError):
             self._ask_token(exc)
@@ -1007,9 +1090,9 @@ class WizardScreen(Screen[None]):
             if self.app.config.server_url:
                 note += f" and removes the server {self.app.config.server_url} ([server] url) from it"
             note += ". Models can be changed later: F4, or Ctrl+P → model: manage models…"
-        self.query_one("#ready-note", Static).update(note)
+        self.query_one("#ready-note", Static).update(PathText(note))
         self.query_one("#ready-title", Label).update(f"Ready: {title}")
-        self.query_one("#ready-model", Static).update(short_path(path))
+        self.query_one("#ready-model", Static).update(PathText(short_path(path)))
         self.query_one("#ready-error", Static).update("")
         self.query_one("#ready-stats", Static).update("")
         self._finish_when_done = False
@@ -1038,6 +1121,7 @@ class WizardScreen(Screen[None]):
             fraction = self.session.load_fraction
             self.query_one("#ready-bar", ProgressBar).update(progress=round(100 * max(0.0, min(1.0, fraction))))
         elif change.kind == "loaded" and self.load_state != "loaded":
+            self._first_since_load = True
             self._loaded(path)
         elif change.kind == "failed":
             self._load_failed(path, change.error)
@@ -1047,7 +1131,7 @@ class WizardScreen(Screen[None]):
         assert engine is not None
         self.load_state = "loaded"
         self.query_one("#ready-loading").display = False
-        self.query_one("#ready-model", Static).update(f"{short_path(path)} · runs as {engine.label}")
+        self.query_one("#ready-model", Static).update(PathText(f"{short_path(path)} · runs as {engine.label}"))
         self._start_test()
 
     def _load_failed(self, path: ModelSource, message: str) -> None:
@@ -1106,16 +1190,32 @@ class WizardScreen(Screen[None]):
             self.canvas = None
             answer.mount(Static(safe_document(final.text.strip()) or "(an empty answer)", markup=False,
                                 id="ready-text"))
-            s = final.stats
-            stopped = " · stopped" if final.stop_reason == "cancelled" else ""
             self.query_one("#ready-stats", Static).update(
-                f"{s.tokens} tokens · {s.steps} steps · {s.elapsed_s:.1f} s · {s.tokens_per_s:.1f} tokens/s{stopped}")
+                self.test_stats(final.stats, final.stop_reason, first=self._first_since_load))
+        self._first_since_load = False
         if self._finish_when_done:
             self._finish_when_done = False
             self.finish()
             return
         self._nav()
         self.call_after_refresh(self._focus_step)
+
+    def test_stats(self, s: GenerationStats, stop_reason: str, *, first: bool = False) -> str:
+        """What the test measured, and what it counts: one short answer (`first`: the first since
+        the model loaded), timed with the canvas drawn at every step, beside the model step's
+        prediction, which is for a 256-token answer: the two rates differ for those reasons."""
+        stopped = " · stopped" if stop_reason == "cancelled" else ""
+        measured = (f"Test: {s.tokens} tokens · {s.steps} steps · {s.elapsed_s:.1f} s · "
+                    f"{s.tokens_per_s:.1f} tokens/s{stopped}")
+        if isinstance(self.model_path, ServerSource):  # no prediction: the server's machine is not measured
+            return f"{measured}\n{'First answer' if first else 'A short answer'} from the server, timed here."
+        counts = f"{'First answer since loading' if first else 'A short answer'}, timed while drawn live"
+        row = self.choice  # the model tested (a server's test returned above)
+        if row is not None and row.speed is not None:
+            p = row.speed.prediction
+            counts += (f"; predicted for a {p.answer_tokens}-token answer: {p.per_answer()} "
+                       f"({rate_words(p.tokens_per_s)})")
+        return f"{measured}\n{counts}."
 
     def _stop_test(self) -> None:
         if self.generation is not None and self.generation.running:

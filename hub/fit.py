@@ -227,6 +227,12 @@ class Recommendation:
     reason: str
     speed: SpeedVerdict | None = None
     passed_over: tuple[tuple[CatalogEntry, SpeedVerdict], ...] = ()  # stronger, fitting, too slow
+    # `reason` in parts, for a screen that shows the model's predicted time beside it (the wizard):
+    # why this model, in a clause ("the strongest model that answers within 90 s and fits in RAM"),
+    # and the rest of the reason but that time: the memory it needs of what is usable, and what it
+    # says of other models (preferred over, passed over, after a GPU rebuild)
+    headline: str = ""
+    notes: tuple[str, ...] = ()
 
 
 def recommend(catalog: Catalog, hw: Hardware, *, on_disk: frozenset[str] | set[str] = frozenset(),
@@ -261,26 +267,28 @@ def recommend(catalog: Catalog, hw: Hardware, *, on_disk: frozenset[str] | set[s
                    f"model answers in {speed.short() if speed else 'seconds'}")
         else:
             why = "no catalog model fits this machine's memory and disk; the bundled model always works"
-        return _with_passed_over(Recommendation(bundled, est, why, speed), too_slow, speeds)
+        return _with_passed_over(Recommendation(bundled, est, why, speed, headline=why), too_slow, speeds)
     _, entry, est = max(usable, key=lambda f: f[0])
     speed = speeds.get(entry.name) if speeds else None
     if est.fit is Fit.VRAM:
-        why = (f"the strongest model that fits in GPU memory (it needs {format_bytes(est.need)} of the "
-               f"{format_bytes(est.usable_vram)} usable)")
+        headline = "the strongest model that fits in GPU memory"
+        notes = [f"it needs {format_bytes(est.need)} of the {format_bytes(est.usable_vram)} usable"]
         faster_than = max((f for f in usable if f[2].fit is Fit.RAM and f[1].rank > entry.rank),
                           key=lambda f: f[1].rank, default=None)
         if faster_than is not None:
-            why += (f"; preferred for speed over {faster_than[1].title}, which is stronger but would run from RAM, "
-                    f"several times slower")
+            notes.append(f"preferred for speed over {faster_than[1].title}, which is stronger but would run from "
+                         "RAM, several times slower")
     else:
-        why = (f"the strongest model that fits in RAM (it needs {format_bytes(est.need)} "
-               f"of the {format_bytes(est.usable_ram)} usable: 85% of the RAM, the rest "
-               f"stays free for the system)")
+        headline = "the strongest model that fits in RAM"
+        notes = [(f"it needs {format_bytes(est.need)} of the {format_bytes(est.usable_ram)} usable: 85% of the RAM, "
+                  "the rest stays free for the system")]
     if speed is not None:
-        why = why.replace("the strongest model that fits",
-                          f"the strongest model that answers within {speed.limit_s:.0f} s and fits", 1)
-        why += f"; {speed.prediction.sentence()}"
-    return _with_passed_over(Recommendation(entry, est, why, speed), too_slow, speeds, above=entry.rank)
+        headline = headline.replace("the strongest model that fits",
+                                    f"the strongest model that answers within {speed.limit_s:.0f} s and fits", 1)
+    why = "; ".join([f"{headline} ({notes[0]})", *notes[1:]]
+                    + ([speed.prediction.sentence()] if speed is not None else []))
+    return _with_passed_over(Recommendation(entry, est, why, speed, headline=headline, notes=tuple(notes)),
+                             too_slow, speeds, above=entry.rank)
 
 
 def _with_passed_over(rec: Recommendation, too_slow: list, speeds: dict[str, SpeedVerdict] | None,
@@ -291,18 +299,19 @@ def _with_passed_over(rec: Recommendation, too_slow: list, speeds: dict[str, Spe
         return rec
     passed = sorted(((f[1], speeds[f[1].name]) for f in too_slow if f[1].rank > above),
                     key=lambda p: -p[0].rank)
-    why = rec.reason
+    notes = list(rec.notes)
     if passed:
         named = [f"{e.title} would need {v.short()} per answer here" for e, v in passed[:2]]
         more = len(passed) - len(named)
-        why += "; passed over: " + "; ".join(named) + (f" (and {more} more)" if more else "")
+        notes.append("passed over: " + "; ".join(named) + (f" (and {more} more)" if more else ""))
         fast_after = [(e, v) for e, v in passed if v.after_rebuild is not None
                       and v.after_rebuild.seconds_per_answer <= v.limit_s]
         if fast_after:
             e, v = fast_after[0]
-            why += (f"; with your GPU, after rebuilding the engine for it ({v.rebuild}), {e.title} would answer in "
-                    f"{v.after_rebuild.per_answer()}")
-    return replace(rec, reason=why, passed_over=tuple(passed))
+            notes.append(f"with your GPU, after rebuilding the engine for it ({v.rebuild}), {e.title} would answer "
+                         f"in {v.after_rebuild.per_answer()}")
+    why = "; ".join([rec.reason, *notes[len(rec.notes):]])
+    return replace(rec, reason=why, passed_over=tuple(passed), notes=tuple(notes))
 
 
 DEFAULT_CONTEXT = 4096

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
+import secrets
 from typing import Any
 
 from dgchat.model_backend.errors import InvalidParameterError
@@ -45,6 +46,8 @@ SERVER = "server"
 # caller's: a default below the config, or fixed above everything, e.g. a proposal's seed)
 DRAFTING = "drafting"
 NPC = "npc"
+# a seed drawn afresh for one run because no user layer chose one (`with_fresh_seed`)
+RANDOM = "random"
 # the caller's layers, lowest first (a later layer overrides an earlier one)
 USER_SOURCES = (CONFIG, CHAT, CARD, REQUEST, FLAG)
 
@@ -331,3 +334,40 @@ def resolved_for(engine: Any, layers: Sequence[Layer], *, precise: tuple[bool, s
         if tracked is not None and tracked.params == final:
             return tracked
     return explain(final, layers, info, precise=precise, unknown=unknown)
+
+
+# -- seeds -----------------------------------------------------------------------------------------
+
+SEED_BOUND = 1_000_000  # a drawn seed has at most six digits: short enough to read off a message line
+
+
+def draw_seed() -> int:
+    """A new seed for a run whose seed nobody chose (tests replace this to make runs repeatable)."""
+    return secrets.randbelow(SEED_BOUND)
+
+
+def seed_chosen(resolved: ResolvedParams) -> bool:
+    """Whether a person chose the seed (config, chat, card, request or flag), as opposed to the
+    model's or DiffusionParams' default."""
+    return resolved.sources.get("seed") in USER_SOURCES
+
+
+def with_fresh_seed(resolved: ResolvedParams) -> ResolvedParams:
+    """The same run with a newly drawn seed (source "random") unless a person chose one: asking again
+    (regenerate, more NPC lines, another proposal) is meant to give something else, and the seed used
+    is kept with the result so that it can be reproduced."""
+    if seed_chosen(resolved):
+        return resolved
+    seed = draw_seed()
+    return replace(resolved, params=replace(resolved.params, seed=seed), sources={**resolved.sources, "seed": RANDOM})
+
+
+def uses_seed(params: DiffusionParams, info: Any = None) -> bool:
+    """Whether the seed changes anything in a run: a sampled token (temperature, DiffusionGemma's
+    temperature schedule), a random commit order, or a canvas of random tokens. A greedy run gives
+    the same answer for every seed."""
+    if params.autoregressive:
+        return bool(params.temperature)
+    if info is not None and getattr(info, "uniform_state", False):
+        return True  # the canvas starts as random tokens and every step draws
+    return bool(params.temperature) or (params.alg_temp or 0) > 0 or params.algorithm in ("random", "origin")

@@ -39,6 +39,7 @@ from dgchat.model_backend.chat_template import TemplateRenderError
 from dgchat.model_backend.engine_protocol import LocalEngine
 from dgchat.model_backend.errors import GenerationCancelled, InvalidParameterError
 from dgchat.model_backend.events import FinalEvent, StepEvent
+from dgchat.model_backend import param_resolution
 from dgchat.model_backend.param_resolution import CARD, NPC, Layer, merge
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.model_backend.requests import CanvasTemplate
@@ -356,7 +357,9 @@ class NpcGenerator:
         else:
             prompt, jobs, settings = self._template_lines(spec, tracker, cancel)
         variants = [self._variant(job, banned) for job in jobs]
-        seed_matters = self.engine.info.uniform_state or _samples(jobs[0].params)
+        # another seed gives another line only if the run samples: the app's one rule for that
+        # (param_resolution.uses_seed, which knows uniform-state canvases and autoregressive decoding)
+        seed_matters = param_resolution.uses_seed(jobs[0].params, self.engine.info)
         for attempt in range(1, self.max_attempts if seed_matters else 1):
             failed = [v.index for v in variants if v.problem is not None]
             if not failed:
@@ -501,8 +504,3 @@ class NpcGenerator:
             length_scores=list(job.length_scores),
             problem=problem, status="rejected" if problem else "new", params=job.params,
         )
-
-
-def _samples(params: DiffusionParams) -> bool:
-    """Whether the seed changes anything (a sampled token, a random commit order)."""
-    return bool(params.temperature) or params.alg_temp > 0 or params.algorithm in ("random", "origin")

@@ -146,6 +146,17 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 
+@pytest.fixture(autouse=True)
+def _counted_seeds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run whose seed nobody chose draws one (param_resolution.draw_seed); in tests the draws are
+    0, 1, 2, ... per test, so snapshots and answers repeat and consecutive runs still differ."""
+    import itertools
+
+    from dgchat.model_backend import param_resolution
+
+    counter = itertools.count()
+    monkeypatch.setattr(param_resolution, "draw_seed", lambda: next(counter))
+
 
 @pytest.fixture(autouse=True)
 def _reference_machine_profile(_isolated_home: None, monkeypatch: pytest.MonkeyPatch,

@@ -161,6 +161,10 @@ class LiveCanvas(Widget):
         self._canvas_styles: tuple[tuple[str, bool], dict[int, Style]] | None = None
         self._combined_styles: tuple[tuple[str, bool], Style, dict[int, Style]] | None = None
 
+    def progress_line(self, event: StepEvent) -> str:
+        """The line above the text: progress_text (a replay's canvas counts the answer's tokens)."""
+        return progress_text(event, stopping=self.stopping, block_size=self.block_size, limit=self.answer_limit)
+
     def show(self, event: StepEvent) -> bool:
         """Display `event`; True when the canvas changed height (the layout changes)."""
         self.event = event
@@ -259,8 +263,7 @@ class LiveCanvas(Widget):
             head = Segment("waiting for the first step…"[:width], progress_style)
             self._strips = [Strip([head]).adjust_cell_length(width, base)]
         else:
-            line = progress_text(self.event, stopping=self.stopping, block_size=self.block_size,
-                                 limit=self.answer_limit)
+            line = self.progress_line(self.event)
             head = Strip([Segment(line, progress_style)]).crop(0, width).adjust_cell_length(width, base)
             self._strips = [head, *_wrap(self._spans(), styles, width, base)]
         needed = len(self._strips)

@@ -22,6 +22,7 @@ from pathlib import Path
 from dgchat.app import model_ops
 from dgchat.app.confirm_modal import ConfirmModal
 from dgchat.app.model_ops import PHASES, Problem, TransferPanel, progress_text
+from dgchat.app.widgets.tick_box import TickBox
 from dgchat.hub import DownloadCancelled, Hardware, Progress
 from dgchat.hub.catalog import CatalogEntry
 from dgchat.hub.manager import ModelRow
@@ -197,13 +198,13 @@ class KeepCheckpointConfirm(ConfirmModal):
     converting it (`keep` once answered; default off, the checkpoint is deleted)."""
 
     def __init__(self, title: str, message: str, keep_size: int) -> None:
-        super().__init__(title, message, confirm_label="Download", confirm_variant="primary")
+        super().__init__(title, message, confirm_label="Download", confirm_variant="primary", focus_confirm=True)
         self.keep = False
         self.keep_size = keep_size
 
     def on_mount(self) -> None:
         dialog = self.query_one(".dialog")
-        box = Checkbox(f"Keep the checkpoint after converting it ({format_bytes(self.keep_size)} more on disk)",
+        box = TickBox(f"Keep the checkpoint after converting it ({format_bytes(self.keep_size)} more on disk)",
                        id="keep-checkpoint", value=False, compact=True)
         dialog.mount(box, before=dialog.query_one(".dialog--buttons"))
         super().on_mount()

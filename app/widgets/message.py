@@ -79,6 +79,9 @@ def meta_line(message: Message) -> str:
         parts.append(f"{_count(stats.get('steps'))} steps")
         if speed:
             parts.append(speed)
+    seed = meta.get("seed")
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        parts.append(f"seed {seed}")  # with the stored params, this version can be had again
     reason = meta.get("stop_reason")
     if reason == "max_tokens" and message.status == "done":
         parts.append("hit max tokens")
@@ -138,13 +141,23 @@ class MessageView(Vertical, can_focus=True):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "edit":
             return self.message.role == "user"
-        if action in ("regenerate", "replay", "export_recording"):
+        if action == "regenerate":
+            # only the conversation's last answer can be regenerated: no key offered where it is refused
+            return self.message.role == "assistant" and self._ends_conversation()
+        if action in ("replay", "export_recording"):
             return self.message.role == "assistant"
         if action == "older_version":
             return self.message.versions > 1 and (self.message.version > 1 or None)
         if action == "newer_version":
             return self.message.versions > 1 and (self.message.version < self.message.versions or None)
         return True
+
+    def _ends_conversation(self) -> bool:
+        parent = self.parent
+        if parent is None:
+            return False
+        views = [child for child in parent.children if isinstance(child, MessageView)]
+        return bool(views) and views[-1] is self
 
     def action_copy(self) -> None:
         self.post_message(self.Action(self, "copy"))

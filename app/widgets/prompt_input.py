@@ -56,14 +56,22 @@ class PromptInput(TextArea):
         self.prompts = list(history)
         self._history_index = -1
 
+    # Enter and Shift+Enter are priority bindings: the app runs them when it reads the key, while the
+    # letters read just before it (a paste without bracketed paste, tmux's send-keys, a fast typist on
+    # a slow machine) still wait in this widget's queue to be typed. Read the text, or insert the
+    # newline, only after them (call_later runs after the messages already queued here): sending
+    # at once sent an empty or half box, or nothing, and the letters landed after the fact.
     def action_submit(self) -> None:
+        self.call_later(self._submit)
+
+    def _submit(self) -> None:
         text = self.text
         if not text.strip():
             return
         self.post_message(self.Submitted(self, text))
 
     def action_newline(self) -> None:
-        self.insert("\n")
+        self.call_later(self.insert, "\n")
 
     def _recall(self, index: int) -> None:
         self._history_index = index

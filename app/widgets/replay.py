@@ -12,6 +12,11 @@ fast model's whole answer takes a fraction of a second at that pace).
 An answer written block after block (block diffusion) replays as it was drawn live: the answer so
 far with each block filling in at its end, the progress line counting blocks (its recording keeps
 the block size).
+
+The canvas's own line reads `step 24/24 · 16 tokens · 30/32 positions decided · 20.4 tok/s`: the
+tokens are the answer's, counted as the answer's line under it counts them (the positions before
+the end token: answer_tokens_at), so the last step says what the answer says; the positions decided
+are the canvas's, which include the end token and what the model decided after it.
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ import time
 from typing import Any
 
 from dgchat.app.widgets.canvas import LiveCanvas
+from dgchat.model_backend.canvas import Cell
+from dgchat.model_backend.canvas_view import TokenKinds
 from dgchat.model_backend.events import StepEvent
+from dgchat.recording.blocks import block_label
 from dgchat.recording.history import DenoisingHistory
 from rich.text import Text
 from textual import events
@@ -40,6 +48,47 @@ TICK_HZ = 30
 
 def pace_label(pace: int) -> str:
     return "real pace" if pace == REAL else f"{pace} step{'s' if pace != 1 else ''}/s"
+
+
+def answer_tokens_at(event: StepEvent, kinds: TokenKinds) -> int:
+    """The answer's tokens at this step, counted as the finished answer counts them
+    (GenerationStats.tokens): the earlier canvases' and this canvas's positions before its first
+    end token, the positions after it not. A masked position is not a token yet; a uniform-state
+    model's undecided position holds a draft token, which is the answer's if the canvas ends there
+    (DiffusionGemma's answer is its last draft), so it counts."""
+    count = 0
+    for token in event.answer_tokens.tolist():
+        if kinds.is_end(token):
+            return count
+        count += 1
+    drafts = event.uniform_state
+    for token, state in zip(event.canvas.tokens.tolist(), event.canvas.state.tolist()):
+        if state == Cell.MASKED and not drafts:
+            continue
+        if kinds.is_end(token):
+            break
+        count += 1
+    return count
+
+
+def replay_progress_text(event: StepEvent, kinds: TokenKinds, *, block_size: int | None = None) -> str:
+    """'step 24/24 · 16 tokens · 30/32 positions decided · 20.4 tok/s' (a block answer: 'block 12 ·
+    step 3/4 · 47 tokens · 20.4 tok/s'): the answer's tokens and the canvas's positions, each named."""
+    tokens = answer_tokens_at(event, kinds)
+    rate = f"{tokens / event.elapsed_s if event.elapsed_s > 0 else 0.0:.1f} tok/s"
+    if block_size:
+        return f"{block_label(event)} · {tokens} tokens · {rate}"
+    canvas = f" · canvas {event.canvas_index + 1}" if event.canvas_index else ""
+    return (f"step {event.canvas_step}/{event.total_steps}{canvas} · {tokens} tokens · "
+            f"{event.committed}/{event.canvas_length} positions decided · {rate}")
+
+
+class ReplayCanvas(LiveCanvas):
+    """The live canvas, with a progress line that names what it counts (replay_progress_text): the
+    replay's last step stays on screen beside the answer's own count."""
+
+    def progress_line(self, event: StepEvent) -> str:
+        return replay_progress_text(event, self.vocab, block_size=self.block_size)
 
 
 class ReplaySlider(Widget):
@@ -88,7 +137,10 @@ class ReplaySlider(Widget):
 class ReplayView(Vertical, can_focus=True):
     """The recorded steps of one answer, drawn by a LiveCanvas from the recording's own vocabulary."""
 
+    # first: the footer leaves out a focused widget's keys from the right when they do not fit
+    # (app/widgets/fitting_footer.py), and the way out of a replay is the one to keep
     BINDINGS = [
+        Binding("escape,p", "close", "Close replay", id="replay.close"),
         Binding("space", "toggle_pause", "Pause / play", id="replay.pause"),
         Binding("left,comma", "step(-1)", "Step back", id="replay.back"),
         Binding("right,full_stop", "step(1)", "Step forward", id="replay.forward"),
@@ -97,7 +149,6 @@ class ReplayView(Vertical, can_focus=True):
         Binding("minus", "pace(-1)", "Slower", id="replay.slower"),
         Binding("plus,equals_sign", "pace(1)", "Faster", id="replay.faster"),
         Binding("x", "export", "Export .cast", id="replay.export"),
-        Binding("escape,p", "close", "Close replay", id="replay.close"),
     ]
     DEFAULT_CSS = """
     ReplayView { height: auto; }
@@ -131,7 +182,7 @@ class ReplayView(Vertical, can_focus=True):
         first = self.steps[0] if self.steps else None
         last = self.steps[-1] if self.steps else None
         # a block answer (many small canvases): room for the whole recorded answer, kept from the start
-        self.canvas = LiveCanvas(history.vocab, canvas_length=first.canvas_length if first else 0,
+        self.canvas = ReplayCanvas(history.vocab, canvas_length=first.canvas_length if first else 0,
                                  block_size=history.block_size,
                                  answer_limit=int(last.answer_tokens.size) + last.canvas_length if last else None,
                                  classes="replay--canvas")

@@ -3,7 +3,12 @@ much of the model's context the conversation takes ("1,234 / 4,096 tokens")."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from dgchat.terminal_text import one_line
+from rich.cells import cell_len
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Label, ProgressBar
@@ -30,6 +35,43 @@ def context_text(tokens: int, context: int) -> str:
     return f"{tokens:,} / {context:,} tokens"
 
 
+SEPARATOR = " · "
+
+
+def fit_parts(parts: Sequence[tuple[str, int]], width: int) -> str:
+    """The parts (text, rank) joined in their order, leaving out whole parts until the line fits
+    `width` cells: the highest rank first, and among equal ranks the rightmost. A line cut mid-word
+    ("entropy ·…") lost the temperature, which matters more than the engine's name; rank 0 is never
+    left out (what still does not fit is cut with an ellipsis by the label)."""
+    kept = list(range(len(parts)))
+
+    def length() -> int:
+        return cell_len(SEPARATOR.join(parts[i][0] for i in kept))
+
+    if width > 0:
+        for i in sorted(range(len(parts)), key=lambda i: (-parts[i][1], -i)):
+            if length() <= width or parts[i][1] <= 0:
+                break
+            kept.remove(i)
+    return SEPARATOR.join(parts[i][0] for i in kept)
+
+
+class FittedLine(Label):
+    """A one-line label of parts (text, rank) that shows what fits its width (fit_parts), decided
+    when it is drawn: its width changes with the terminal, the sidebar and the token count."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__("", markup=False, **kwargs)
+        self.parts: list[tuple[str, int]] = []
+
+    def set_parts(self, parts: Sequence[tuple[str, int]]) -> None:
+        self.parts = list(parts)
+        self.refresh(layout=True)
+
+    def render(self) -> Text:
+        return Text(fit_parts(self.parts, self.size.width), no_wrap=True, overflow="ellipsis")
+
+
 class StatusBar(Horizontal):
     DEFAULT_CSS = """
     StatusBar { height: 1; }
@@ -43,13 +85,22 @@ class StatusBar(Horizontal):
     """
 
     def compose(self) -> ComposeResult:
-        yield Label("", id="status-text", markup=False)
+        yield FittedLine(id="status-text")
         yield Label("", id="status-tokens", markup=False)
         yield ProgressBar(total=100, show_eta=False, id="load-progress")
 
     def set_text(self, text: str) -> None:
+        self.set_parts([(text, 0)])
+
+    def set_parts(self, parts: Sequence[tuple[str, int]]) -> None:
+        """The line as parts (text, rank) that `fit_parts` leaves out by rank when it is too long."""
         # the line names models (a server's model id) and quotes problems: the terminal rule, one line
-        self.query_one("#status-text", Label).update(one_line(text, 1000))
+        self.query_one(FittedLine).set_parts([(one_line(text, 1000), rank) for text, rank in parts])
+
+    @property
+    def full_text(self) -> str:
+        """The whole line, as it reads when the terminal is wide enough."""
+        return SEPARATOR.join(text for text, _ in self.query_one(FittedLine).parts)
 
     def set_context(self, tokens: int | None, context: int = 0, canvas: int = 0) -> None:
         """Show `tokens` of `context` (None hides the count); coloured when the next answer's

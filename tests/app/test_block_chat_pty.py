@@ -14,118 +14,20 @@ and the finished answer's line counts its blocks.
 
 from __future__ import annotations
 
-import json
-import os
-import pty
 import re
-import sqlite3
-import struct
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+from fixtures.app_pty import Terminal, app_env, saved_answer, wait_until
 from fixtures.block_tiny import converted
-from fixtures.terminal_screen import TerminalScreen
 
-SYNC_END = b"\x1b[?2026l"
 PROGRESS = re.compile(r"block (\d+) · step (\d+)/(\d+) · (\d+) tokens")
 LOADED = "block diffusion (SDAR, blocks of 4)"
 PROMPT = "Tell me a story about a dragon"
 MAX_TOKENS = 192
 PROBE = 16  # letters and digits of the answer in a row: its text is on screen
-
-
-class Terminal:
-    """The app in a pty: keys in, every byte out kept with its arrival time."""
-
-    def __init__(self, cmd: list[str], env: dict, cols: int, rows: int) -> None:
-        import fcntl
-        import termios
-
-        self.cols, self.rows = cols, rows
-        self.master, slave = pty.openpty()
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-        self.proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True,
-                                     start_new_session=True)
-        os.close(slave)
-        self.chunks: list[tuple[float, bytes]] = []
-        self.t0 = time.monotonic()
-        self._lock = threading.Lock()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        while True:
-            try:
-                chunk = os.read(self.master, 65536)
-            except OSError:
-                return
-            if not chunk:
-                return
-            with self._lock:
-                self.chunks.append((time.monotonic() - self.t0, chunk))
-            if b"2026$p" in chunk:  # DECRQM for synchronized output: "supported, reset"
-                os.write(self.master, b"\x1b[?2026;2$y")
-
-    def now(self) -> float:
-        return time.monotonic() - self.t0
-
-    def keys(self, data: str) -> None:
-        os.write(self.master, data.encode())
-
-    def text(self) -> str:
-        screen = TerminalScreen(self.cols, self.rows)
-        with self._lock:
-            screen.feed(b"".join(c for _, c in self.chunks))
-        return screen.text()
-
-    def frames(self) -> list[tuple[float, str]]:
-        """(time, screen text) after each synchronized update the app drew."""
-        screen = TerminalScreen(self.cols, self.rows)
-        out: list[tuple[float, str]] = []
-        with self._lock:
-            chunks = list(self.chunks)
-        for t, chunk in chunks:
-            parts = chunk.split(SYNC_END)
-            for k, part in enumerate(parts):
-                screen.feed(part)
-                if k < len(parts) - 1:
-                    screen.feed(SYNC_END)
-                    out.append((t, screen.text()))
-        return out
-
-    def close(self) -> int:
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._reader.join(timeout=5)
-        os.close(self.master)
-        return self.proc.returncode
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-def saved_answer(db: Path) -> dict | None:
-    if not db.exists():
-        return None
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
-            row = conn.execute("SELECT content, status, meta FROM messages WHERE role = 'assistant' "
-                               "AND status != 'generating' ORDER BY id DESC LIMIT 1").fetchone()
-    except sqlite3.Error:
-        return None
-    return {"content": row[0], "status": row[1], "meta": json.loads(row[2] or "{}")} if row else None
 
 
 def alnum(text: str) -> str:
@@ -140,10 +42,7 @@ def test_a_block_answer_as_a_person_sees_it(tmp_path: Path, base: Path, cols: in
     (home / "config").mkdir(parents=True)
     # a config file: no setup wizard
     (home / "config" / "config.toml").write_text(f"refresh_hz = 30\n[sampler]\nmax_tokens = {MAX_TOKENS}\n")
-    env = {**os.environ, "DGCHAT_HOME": str(home), "HOME": str(tmp_path), "TERM": "xterm-256color",
-           "COLORTERM": "truecolor", "GGML_NO_BACKTRACE": "1"}
-    for name in ("DGCHAT_MODEL", "NO_COLOR", "COLUMNS", "LINES"):
-        env.pop(name, None)
+    env = app_env(home, tmp_path)
     term = Terminal([sys.executable, "-m", "dgchat", "--model", str(model)], env, cols, rows)
     db = home / "data" / "chats.db"
     try:

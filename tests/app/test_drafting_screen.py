@@ -224,6 +224,47 @@ async def test_continue_at_the_cursor_and_longer_proposals(home, llada_gguf):
         assert editor.text == "Once upon a time" + proposal
 
 
+async def test_a_new_run_proposes_with_a_new_seed_unless_the_config_sets_one(home, llada_gguf, monkeypatch):
+    """Issue 43, item 1: the first proposal's seed was the config's or 0, so every run of the app
+    proposed the same continuation. Without a [sampler] seed it is newly drawn; the status line names
+    it; a seed in the config is the person's choice and is kept."""
+    from dgchat.model_backend import param_resolution
+
+    seeds = iter([4242, 777])
+    drawn: list[int] = []
+
+    def draw() -> int:
+        drawn.append(next(seeds))
+        return drawn[-1]
+
+    monkeypatch.setattr(param_resolution, "draw_seed", draw)
+    _draft(home, "Once upon a time")
+
+    async def first_proposal(expected: int) -> str:
+        """A new run of the app: its first proposal (seed `expected`), then r (the next seed)."""
+        app = make_app(llada_gguf)
+        async with app.run_test(size=SIZE) as pilot:
+            screen = await _open(pilot)
+            text = await _propose(pilot, screen, "ctrl+g")
+            assert screen.proposal.request.seed == expected
+            assert f" · seed {expected} · " in _status(screen)
+            await pilot.press("r")
+            await wait_for(pilot, lambda: screen.proposal is not None and screen.proposal.text is not None
+                           and not screen.engine_busy and screen.proposal.request.seed == expected + 1, 30)
+        return text
+
+    assert await first_proposal(4242) != await first_proposal(777)  # a new run, a new proposal
+
+    config = home / "config" / "config.toml"
+    config.write_text(config.read_text(encoding="utf-8") + "seed = 7\n", encoding="utf-8")  # in [sampler]
+    app = make_app(llada_gguf)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await _open(pilot)
+        await _propose(pilot, screen, "ctrl+g")
+        assert screen.proposal.request.seed == 7
+    assert drawn == [4242, 777]  # no draw where the config chose the seed
+
+
 async def test_the_draft_survives_reopening(home, llada_gguf):
     path = _draft(home, "Chapter one.\r\nIt was a dark night.")  # Windows line ends stay as they are
     app = make_app(llada_gguf)

@@ -312,6 +312,118 @@ async def test_variants_denoise_live_and_stop(home, llada_gguf):
         assert app.screen is not screen
 
 
+async def test_an_empty_seed_draws_new_seeds_each_batch_and_a_typed_seed_repeats(home, llada_gguf, monkeypatch,
+                                                                                 tmp_path):
+    """Issue 43, item 1: a second Ctrl+G gave the same lines (the Seed field said 0). Empty, it draws a
+    new first seed for each batch, shown in the title and on each variant and recorded in the export;
+    the drawn seed typed back in gives those lines again."""
+    from dgchat.model_backend import param_resolution
+
+    seeds = iter([100, 500])  # apart, so that the two batches share no variant seed
+    drawn: list[int] = []
+
+    def draw() -> int:
+        drawn.append(next(seeds))
+        return drawn[-1]
+
+    monkeypatch.setattr(param_resolution, "draw_seed", draw)
+    (_cards_dir(home) / "guard.toml").write_text(GUARD, encoding="utf-8")
+    app = make_app(llada_gguf)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await _open(pilot)
+        seed_field = screen.query_one("#npc-seed")
+        assert seed_field.value == "" and seed_field.placeholder == "random"
+        screen.query_one("#npc-length").value = "bark"
+        await _set(pilot, screen, "npc-count", "3")
+        await _generate(pilot, screen)
+        await _generate(pilot, screen)
+        first, second = screen.batches
+        assert [v.seed for v in first.variants] == [100, 101, 102]
+        assert [v.seed for v in second.variants] == [500, 501, 502]
+        assert [v.text for v in first.variants] != [v.text for v in second.variants]
+        assert seed_field.value == ""  # the field stays empty: the next batch draws again
+        titles = [str(t.render()) for t in screen.query(".batch--title")]
+        assert titles[0].endswith("random seeds 100–102") and titles[1].endswith("random seeds 500–502")
+        heads = [str(h.render()) for h in screen.query(".variant--head")]
+        assert heads[3].startswith("#1 · seed 500")
+
+        # the seed a kept line was made with is in the export
+        views = list(screen.query("VariantView"))
+        views[4].focus()
+        await pilot.press("k")
+        out = screen.export_to(tmp_path / "lines.json")
+        [line] = json.loads(out.read_text(encoding="utf-8"))["lines"]
+        assert (line["seed"], line["text"]) == (501, second.variants[1].text)
+
+        # a typed seed is the person's choice: kept, and the same lines every time
+        await _set(pilot, screen, "npc-seed", "500")
+        await _generate(pilot, screen)
+        await _generate(pilot, screen)
+        for again in screen.batches[2:]:
+            assert [v.seed for v in again.variants] == [500, 501, 502]
+            assert [v.text for v in again.variants] == [v.text for v in second.variants]
+        titles = [str(t.render()) for t in screen.query(".batch--title")]
+        assert titles[2].endswith(" · seeds 500–502") and "random" not in titles[2]
+    assert drawn == [100, 500]  # one draw per empty-seed batch; none for a typed seed
+
+
+async def test_a_stale_form_problem_goes_once_fixed(home, llada_gguf):
+    """Issue 43, item 12: `no character: create one first (Ctrl+N)` stayed on screen after a
+    character was created, until the next Ctrl+G. A problem Ctrl+G found in the form is checked
+    again as the form or the characters change; the header forgets a deleted character."""
+    from dgchat.app.confirm_modal import ConfirmModal
+    from dgchat.app.npc_card_modal import CardModal
+
+    app = make_app(llada_gguf)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await _open(pilot)
+        problem = screen.query_one("#npc-spec-error")
+
+        def shown() -> str:
+            return "" if problem.has_class("-empty") else str(problem.render())
+
+        await pilot.press("ctrl+g")
+        await pilot.pause()
+        assert shown() == "no character: create one first (Ctrl+N)"
+        await pilot.press("ctrl+n")
+        await wait_for(pilot, lambda: isinstance(app.screen, CardModal))
+        await _set(pilot, app.screen, "card-name", "Captain Brann")
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: app.screen is screen)
+        await pilot.pause()
+        assert screen.current_card is not None and shown() == ""
+        assert screen.sub_title == "Captain Brann"
+
+        # a variable without a value: named at Ctrl+G, gone once it has one; a template without a
+        # problem of its own does not hide it
+        await _set(pilot, screen, "npc-template", TEMPLATE)
+        await pilot.press("ctrl+g")
+        await pilot.pause()
+        assert shown() == "the variable {player} has no value" and screen.job is None
+        await _set(pilot, screen, "npc-template", "Halt, {player}! {___:3}")
+        assert shown() == "the variable {player} has no value"
+        await _set(pilot, screen, "npc-var-player", "Aria")
+        assert shown() == ""
+        # a field typed wrong, then right
+        await _set(pilot, screen, "npc-count", "x")
+        await pilot.press("ctrl+g")
+        await pilot.pause()
+        assert shown() == "Variants: enter a whole number (got 'x')"
+        await _set(pilot, screen, "npc-count", "")
+        assert shown() == "Variants: enter a whole number (got '')"  # what is still wrong
+        await _set(pilot, screen, "npc-count", "2")
+        assert shown() == ""
+
+        # the last character deleted: the header no longer names it
+        screen.query_one("#npc-cards").focus()
+        await pilot.press("d")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal))
+        await pilot.press("y")
+        await wait_for(pilot, lambda: app.screen is screen)
+        await pilot.pause()
+        assert screen.current_card is None and screen.sub_title == ""
+
+
 def _snapshot_cards(home: Path) -> None:
     (_cards_dir(home) / "guard.toml").write_text(GUARD, encoding="utf-8")
     (_cards_dir(home) / "baker.toml").write_text('name = "Mira the Baker"\nrole = "the baker on Market Street"\n',

@@ -43,7 +43,10 @@ def answers(monkeypatch) -> list[ChatAnswer]:
 
 
 def _status(app) -> str:
-    return str(app.chat_screen.query_one("#status-text").render())
+    """The whole status line (at 110 columns the engine's label is left out: status_bar.fit_parts)."""
+    from dgchat.app.widgets.status_bar import StatusBar
+
+    return app.chat_screen.query_one(StatusBar).full_text
 
 
 def _tokens(app) -> str | None:

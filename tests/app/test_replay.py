@@ -9,7 +9,7 @@ import re
 
 import pytest
 from dgchat.app.store import Store
-from dgchat.app.widgets.message import MessageView
+from dgchat.app.widgets.message import MessageView, meta_line
 from dgchat.app.widgets.replay import DEFAULT_PACE, REAL, ReplayView
 from dgchat.assets import bundled_model_path
 from dgchat.model_backend.events import StepEvent
@@ -166,3 +166,69 @@ async def test_answers_without_a_recording_say_so(tmp_path, monkeypatch, llada_g
         await pilot.press("p")
         await pilot.pause()
         assert view.replay is None and "was dropped" in notices[-1]
+
+
+@needs_bundled
+async def test_the_replays_last_step_counts_what_the_answer_counts(tmp_path, monkeypatch):
+    """Issue 43: the replay's last frame said `step 24/24 · 30/32 tokens` under an answer whose line
+    said `16 tokens`: the canvas's decided positions, the end token and what follows it included.
+    The replay names both: the answer's tokens (as the answer's line counts them) and the canvas's
+    positions decided."""
+    # a seed whose last step leaves some positions of the second canvas undecided (on the machines this
+    # was written on): DiffusionGemma's answer takes their drafts, so they count as the answer's tokens
+    setup_home(tmp_path, monkeypatch, config="[sampler]\nseed = 193275\n")
+    app = make_app(bundled_model_path())
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_model(pilot, timeout=60)
+        recorded, view = await answer(pilot, "Halt, traveller! Who goes there?")
+        tokens = view.message.meta["stats"]["tokens"]
+        last = recorded.steps[-1]
+        assert meta_line(view.message).startswith(f"{tokens} tokens")  # the answer's line
+        view.focus()
+        await pilot.press("p")
+        await wait_for(pilot, lambda: view.replay is not None, what="the replay")
+        replay = view.replay
+        await pilot.press("end")
+        head = replay.canvas._strips[0].text
+        canvas = f" · canvas {last.canvas_index + 1}" if last.canvas_index else ""
+        assert head.startswith(f"step {last.canvas_step}/{last.total_steps}{canvas} · {tokens} tokens · "
+                               f"{last.committed}/{last.canvas_length} positions decided · "), head
+
+
+def _event(earlier: list[int], tokens: list[int], states: list[int], *, uniform: bool = False) -> StepEvent:
+    import numpy as np
+    from dgchat.model_backend.canvas import CanvasSnapshot
+    from dgchat.model_backend.events import StepTiming
+
+    canvas = CanvasSnapshot(np.array(tokens), np.array(states), np.zeros(len(tokens)))
+    return StepEvent(step=24, total_steps=24, canvas_index=1 if earlier else 0, canvas_step=24, canvas=canvas,
+                     answer_tokens=np.array(earlier, dtype=np.int32), committed=sum(1 for s in states if s),
+                     canvas_length=len(tokens), timing=StepTiming(0, 0), elapsed_s=2.0, uniform_state=uniform)
+
+
+class _Kinds:
+    END, MASK = 2, 9
+
+    def is_special(self, token: int) -> bool:
+        return token in (self.END, self.MASK)
+
+    def is_end(self, token: int) -> bool:
+        return token == self.END
+
+
+def test_the_replay_line_names_the_answers_tokens_and_the_canvas_positions():
+    """The count the answer's line shows (the tokens before the end token) beside the positions the
+    canvas decided (the end token and what follows it included): masked diffusion, where a masked
+    position is no token yet, and uniform-state (DiffusionGemma), whose answer is its last draft."""
+    from dgchat.app.widgets.replay import answer_tokens_at, replay_progress_text
+
+    done, masked = 2, 0
+    # an earlier canvas of 4, then 3 tokens, a hole, the end token and 2 decided positions after it
+    masked_event = _event([5, 5, 5, 5], [5, 5, 5, 9, 2, 5, 5, 9], [done] * 3 + [masked] + [done] * 3 + [masked])
+    assert answer_tokens_at(masked_event, _Kinds()) == 7
+    assert replay_progress_text(masked_event, _Kinds()) == (
+        "step 24/24 · canvas 2 · 7 tokens · 6/8 positions decided · 3.5 tok/s")
+    uniform_event = _event([], [5, 6, 7, 2, 5], [done, masked, done, masked, done], uniform=True)
+    assert answer_tokens_at(uniform_event, _Kinds()) == 3  # the draft at position 2 is the answer's
+    block_line = replay_progress_text(uniform_event, _Kinds(), block_size=4)
+    assert block_line == "block 1 · step 24/24 · 3 tokens · 1.5 tok/s"

@@ -44,6 +44,14 @@ def _models_dir(home: Path) -> Path:
     return home / "data" / "models"
 
 
+def _heading(wiz) -> str:
+    return str(wiz.query_one("#dl-title").render())
+
+
+def _steps_line(wiz) -> str:
+    return str(wiz.query_one("#wiz-steps").render())
+
+
 async def _ready_and_tested(pilot, wiz) -> None:
     await wait_for(pilot, lambda: wiz.load_state == "loaded", what="the model to load")
     await wait_for(pilot, lambda: wiz.generation is None and bool(wiz.query("#ready-text")), timeout=30,
@@ -88,9 +96,11 @@ async def test_download_pause_resume_test_and_chat(env, hub, hf_home):
         assert wiz.step == "download"
         await wait_for(pilot, lambda: wiz.pull_task.last is not None and wiz.pull_task.last.done >= stall,
                        what="the stall")
+        assert _heading(wiz) == "Downloading Dream v0 Instruct 7B, Q4_K_M"
         await press(pilot, "#wiz-cancel")
         await wait_for(pilot, lambda: wiz.download_state == "paused", what="the pause")
         await pilot.pause()
+        assert _heading(wiz) == "Paused: Dream v0 Instruct 7B, Q4_K_M"
         status = panel_text(wiz, "status")
         assert "Paused at 1.4 MiB of 4.2 MiB" in status and "Resume continues" in status
         assert wiz.query_one("#wiz-retry").label.plain == "Resume"
@@ -109,9 +119,11 @@ async def test_download_pause_resume_test_and_chat(env, hub, hf_home):
         assert result.path == path and path.read_bytes() == model_bytes()
         text = panel_text(wiz, "result")
         assert "Verified: sha256" in text and "hub LFS etag" in text and "Resumed at 1.4 MiB" in text
+        assert _heading(wiz) == "Downloaded: Dream v0 Instruct 7B, Q4_K_M"
 
         await press(pilot, "#wiz-next")
         assert wiz.step == "ready"
+        assert "✓ Download  ›  5 Ready" in _steps_line(wiz)  # this model came through the download step
         await _ready_and_tested(pilot, wiz)
         assert "tokens/s" in str(wiz.query_one("#ready-stats").render())
         await press(pilot, "#wiz-next")  # Start chatting
@@ -345,10 +357,13 @@ async def test_the_recommendation_is_the_strongest_model_that_fits(env, hub, mon
         assert wiz.hw.ram_total == int(23.5 * GIB)  # the saved correction is what the wizard uses
         assert wiz.choice.name == DG_Q4 and wiz.choice.recommended
         assert [r.name for r in wiz.rows if r.recommended] == [DG_Q4]
+        # the reason in a clause above the table (#model-speed says the list goes by memory alone), what
+        # "fits" means first in the starred row's details
         assert str(wiz.query_one("#model-why").render()) == (
-            "★ DiffusionGemma 26B-A4B it, Q4_K_M is recommended: the strongest model that fits in RAM (it needs "
-            "18.4 GiB of the 20.0 GiB usable: 85% of the RAM, the rest stays free for the system); speed unknown: "
-            "this machine's speed could not be measured.")
+            "★ DiffusionGemma 26B-A4B it, Q4_K_M is recommended: the strongest model that fits in RAM.")
+        assert str(wiz.query_one("#model-detail").render()).startswith(
+            "DiffusionGemma 26B-A4B it, Q4_K_M — fits in RAM  ★ recommended\n"
+            "It needs 18.4 GiB of the 20.0 GiB usable: 85% of the RAM, the rest stays free for the system.\n")
         assert "Answer" not in [str(c.label) for c in wiz.query_one("#wiz-models").columns.values()]
         assert "Speed: unknown (this machine's speed could not be measured)" in \
             str(wiz.query_one("#model-detail").render())
@@ -397,6 +412,56 @@ async def test_no_network_offers_the_bundled_model(env, monkeypatch, where):
         await wait_for(pilot, lambda: app.screen is app.chat_screen, what="the chat")
         bundled = env.parent / "bundled" / "dgchat-tiny-plays.gguf"
         assert app.session.path == bundled and load_config().default_model == str(bundled)
+
+
+async def test_after_a_failed_download_the_heading_and_the_steps_say_what_happened(env, monkeypatch):
+    """Issue 43: the download page's heading kept "Downloading Dream …" over "No network
+    connection"; after "Use the bundled model" the steps line said "✓ Download" for a step that was
+    skipped. Now the heading says the model was not downloaded, and the steps line marks the
+    download as skipped."""
+    monkeypatch.setenv("HF_ENDPOINT", _closed_endpoint())
+    app = make_app(None)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        wiz = await to_model_step(pilot, select=DREAM_NAME)
+        await download(pilot)
+        await wait_for(pilot, lambda: wiz.download_state == "failed", what="the failure")
+        await pilot.pause()
+        assert wiz.panel.phase_text == "No network connection"
+        assert _heading(wiz) == "Not downloaded: Dream v0 Instruct 7B, Q4_K_M"
+        await press(pilot, "#wiz-bundled")
+        assert wiz.step == "ready"
+        steps = _steps_line(wiz)
+        assert steps == "✓ Welcome  ›  ✓ This machine  ›  ✓ Model  ›  – Download skipped  ›  5 Ready", \
+            steps
+        await _ready_and_tested(pilot, wiz)
+    # at 60 columns the steps line names only the current step: the skipped one is "– 4", not "✓ 4"
+    app = make_app(None)
+    async with app.run_test(size=(60, 20)) as pilot:
+        await pilot.pause()
+        wiz = await to_model_step(pilot)
+        await press(pilot, "#wiz-bundled")
+        assert wiz.step == "ready" and _steps_line(wiz) == "✓ 1 › ✓ 2 › ✓ 3 › – 4 › 5 Ready"
+        await _ready_and_tested(pilot, wiz)
+
+
+async def test_enter_in_the_download_question_downloads(env, hub):
+    """Issue 43: the question before a download had the focus on Cancel, so the first Enter closed
+    it and nothing happened. The user has just asked for the download: Download has the focus."""
+    from dgchat.app.confirm_modal import ConfirmModal
+
+    hub.add_file(*DREAM, model_bytes())
+    app = make_app(None)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        wiz = await to_model_step(pilot, select=DREAM_NAME)
+        await press(pilot, "#wiz-next")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal), what="the download question")
+        await pilot.pause()
+        assert app.focused is app.screen.query_one("#yes") and str(app.focused.label) == "Download"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: wiz.download_state == "done", what="the download")
+        assert (_models_dir(env) / DREAM[1]).read_bytes() == model_bytes()
 
 
 async def test_setup_runs_again_from_the_palette(env, hub):

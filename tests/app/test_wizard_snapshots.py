@@ -231,3 +231,60 @@ def test_hardware_with_a_gpu_this_build_cannot_use(snap_compare, env, monkeypatc
 
     monkeypatch.setattr(model_ops, "detect_hardware", with_gpu)
     assert snap_compare(make_app(None), terminal_size=(80, 24), run_before=_steps(_to_hardware))
+
+
+# -- issue 43: every step readable at 60x20 (and 80x24) ---------------------------------------------
+
+
+def test_model_choice_run_again_60x20(snap_compare, env):
+    """Run again (Close joins the buttons), the bundled model selected: the bar read `Bundled mod`;
+    the buttons take shorter words where the short labels do not fit."""
+    async def run_again_bundled(pilot):
+        wiz = wizard(pilot.app)
+        wiz.rerun = True  # as after "setup: run again"
+        await to_model_step(pilot, select="dgchat-tiny-plays")
+
+    assert snap_compare(make_app(None), terminal_size=(60, 20), run_before=_steps(run_again_bundled))
+
+
+def test_no_network_connection_60x20(snap_compare, env, monkeypatch):
+    """The failed download at 60x20: the heading says it was not downloaded (it said "Downloading …"),
+    the repository and the models folder break after a '/', the three buttons whole."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{sock.getsockname()[1]}")
+
+    async def failed(pilot):
+        wiz = wizard(pilot.app)
+        await download(pilot)
+        await wait_for(pilot, lambda: wiz.download_state == "failed")
+
+    assert snap_compare(make_app(None), terminal_size=(60, 20), run_before=_steps(_to_dream, failed))
+
+
+@pytest.mark.parametrize("size", SMALL, ids=SMALL_IDS)
+def test_ready_small(snap_compare, env, monkeypatch, size):
+    """The ready step at 80x24 and 60x20 with the bundled model (the download step marked skipped,
+    not done), the test held at step 3: the question whole, the path broken after a '/'."""
+    held: list[GatedEngine] = []
+
+    def load(path, **kwargs):
+        from dgchat.model_backend.loader import load_engine
+
+        held.append(GatedEngine(load_engine(path, **kwargs), hold_at=3))
+        return held[-1]
+
+    monkeypatch.setattr(app_session, "load_engine", load)
+
+    async def bundled_and_hold(pilot):
+        wiz = wizard(pilot.app)
+        await press(pilot, "#wiz-bundled")
+        await wait_for(pilot, lambda: held and held[0].holding.is_set(), what="the held step")
+        await wait_for(pilot, lambda: wiz.canvas is not None and wiz.canvas.event is not None
+                       and wiz.canvas.event.step == 3, what="the canvas at step 3")
+        wiz.canvas.replan()
+        await pilot.pause()
+
+    assert snap_compare(make_app(None), terminal_size=size, run_before=_steps(_to_models, bundled_and_hold))

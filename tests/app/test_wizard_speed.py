@@ -43,10 +43,13 @@ SDAR_4B = "sdar-4b-chat-q4_k_m"
 # the reference profile's first summary row (hub.machine_profile.summary)
 MEASURED = "measured 2026-12-03 21:16:12 UTC with 2 threads in 9 s"
 # on the reference profile with 16 GiB and no GPU: the full-canvas models are too slow (hours), the
-# block-diffusion SDAR 4B is the strongest that answers within 90 s (issue 42), SDAR 8B is passed over
-WHY = ("★ SDAR 4B Chat, Q4_K_M is recommended: the strongest model that answers within 90 s and fits in RAM "
-       "(it needs 3.7 GiB of the 13.6 GiB usable: 85% of the RAM, the rest stays free for the system); "
-       "{speed}; passed over: SDAR 8B Chat, Q4_K_M would need ~3 min per answer here.")
+# block-diffusion SDAR 4B is the strongest that answers within 90 s (issue 42), SDAR 8B is passed over;
+# the reason in a clause above the table, the rest of it first in the starred row's details (its
+# predicted time is their Speed line)
+WHY = "★ SDAR 4B Chat, Q4_K_M is recommended: the strongest model that answers within 90 s and fits in RAM."
+WHY_DETAIL = ("SDAR 4B Chat, Q4_K_M — fits in RAM  ★ recommended\n"
+              "It needs 3.7 GiB of the 13.6 GiB usable: 85% of the RAM, the rest stays free for the system.\n"
+              "Passed over: SDAR 8B Chat, Q4_K_M would need ~3 min per answer here.\n")
 
 
 @pytest.fixture
@@ -128,7 +131,8 @@ async def test_the_wizard_speaks_of_speed_at_every_size(env, hub, size):
 
         sdar = next(r for r in wiz.rows if r.name == SDAR_4B)
         assert wiz.choice is sdar and sdar.recommended
-        assert _text(wiz.query_one("#model-why")) == WHY.format(speed=sdar.speed.text())
+        assert _text(wiz.query_one("#model-why")) == WHY
+        assert _text(wiz.query_one("#model-detail")).startswith(WHY_DETAIL)
         assert sdar.speed.prediction.seconds_per_answer <= 90 and not sdar.speed.too_slow
         table = wiz.query_one("#wiz-models")
         assert "Answer" in _columns(table)
@@ -237,9 +241,9 @@ async def test_a_gpu_this_build_cannot_use(env, monkeypatch, size):
         assert "gpu_offload:" not in _text(wiz.query_one("#hw-notes"))  # not said twice
         await press(pilot, "#wiz-next")
         await wait_for(pilot, lambda: wiz.step == "model" and wiz.choice is not None, what="the model step")
-        why = _text(wiz.query_one("#model-why"))
-        assert why.endswith(f"; with your GPU, after rebuilding the engine for it ({command}), SDAR 8B Chat, "
-                            "Q4_K_M would answer in ~1 s.")
+        assert _text(wiz.query_one("#model-why")) == WHY
+        assert (f"\nWith your GPU, after rebuilding the engine for it ({command}), SDAR 8B Chat, Q4_K_M would "
+                "answer in ~1 s.\n") in _text(wiz.query_one("#model-detail"))
         await select_row(pilot, wiz, DREAM_NAME)
         detail = _text(wiz.query_one("#model-detail"))
         assert ("Speed: about 2.4 h per answer on this CPU (256 tokens, 0.03 tokens/s) · with your GPU after "
@@ -281,8 +285,8 @@ async def test_without_a_profile_the_machine_is_measured_in_the_background(env, 
         assert wiz.profile_state == "measuring"
         assert "Answer" not in _columns(wiz.query_one("#wiz-models"))
         assert wiz.choice.name == "sdar-8b-chat-q4_k_m"  # by memory: the strongest that fits
-        assert _text(wiz.query_one("#model-why")).endswith(
-            "; by memory only until this machine's speed is measured.")
+        assert _text(wiz.query_one("#model-why")) == (
+            "★ SDAR 8B Chat, Q4_K_M is recommended: the strongest model that fits in RAM.")
         assert _text(wiz.query_one("#model-speed")).startswith("Measuring how fast this machine runs models…")
         assert "Speed: not known yet (measuring this machine, a few seconds)" in _text(wiz.query_one("#model-detail"))
         fake.release.set()
@@ -323,3 +327,114 @@ async def test_small_terminals_keep_the_main_button_and_the_offload_note(env, si
         await pilot.pause()
         assert wiz.query_one("#wiz-close").display
         await _main_button_shown(pilot, 'with Close')
+
+
+# -- small terminals, issue 43: every step readable at 80x24 and 60x20 -----------------------------
+
+
+def _nav_line(app) -> str:
+    return " ".join(_screen_text(app, app.screen.query_one("#wiz-nav").region).split())
+
+
+def _cut_labels(app) -> list[str]:
+    """The visible bar buttons whose label the terminal does not show whole (the docked main
+    button covers the end of the one before it when they do not fit)."""
+    shown = _nav_line(app)
+    labels = [b.label.plain for b in app.screen.query("#wiz-nav Button").results(Button) if b.display]
+    return [label for label in labels if label not in shown]
+
+
+async def test_every_button_reads_whole_at_60x20(env):
+    """At 60x20, run again (Close joins the buttons) with the bundled model selected, the bar read
+    `Back  Close  Server…  Bundled mod  Use this model`: where the short labels do not fit, the
+    buttons take shorter words, whole."""
+    app = make_app(None)
+    async with app.run_test(size=(60, 20)) as pilot:
+        wiz = await to_model_step(pilot)
+        for rerun in (False, True):
+            wiz.rerun = rerun  # as after "setup: run again"
+            for name in (BUNDLED, DREAM_NAME):
+                await select_row(pilot, wiz, name)
+                await pilot.pause()
+                assert _cut_labels(app) == [], (rerun, name, _nav_line(app))
+        assert _nav_line(app) == "Back Close Server… Bundled model Download"
+        await select_row(pilot, wiz, BUNDLED)
+        await pilot.pause()
+        assert _nav_line(app) == "Back Close Server… Bundled Use it"  # the short labels did not fit
+        await press(pilot, "#wiz-next")
+        await wait_for(pilot, lambda: wiz.step == "ready" and wiz.load_state == "loaded", what="the ready step")
+        await wait_for(pilot, lambda: wiz.generation is None, timeout=30, what="the test answer")
+        await pilot.pause()
+        assert _cut_labels(app) == [], _nav_line(app)
+
+
+async def test_a_path_longer_than_its_column_breaks_after_a_slash(env):
+    """At 60x20 the machine page's disk note was `in` / `~/dgchat-home/data/m` / `odels` (the path
+    folded where its column ended): a path breaks after one of its '/'."""
+    app = make_app(None)
+    async with app.run_test(size=(60, 20)) as pilot:
+        await pilot.pause()
+        wiz = wizard(app)
+        await press(pilot, "#wiz-next")
+        await wait_for(pilot, lambda: wiz.hw is not None and not wiz.detecting, what="hardware detection")
+        await pilot.pause()
+        note = wiz.query_one("#hw-disk-note")
+        note.scroll_visible(animate=False)
+        await pilot.pause()
+        assert _shown_whole(app, note), note.region
+        strips = app.screen._compositor.render_strips()
+        region = note.region
+        lines = [strips[y].text[region.x:region.right].rstrip() for y in range(region.y, region.bottom)]
+        assert lines == ["in ~/dgchat-home/", "data/models"], lines
+
+
+@pytest.mark.parametrize("size", [(80, 24), (60, 20)], ids=["80x24", "60x20"])
+async def test_the_recommendation_is_read_whole(env, size):
+    """At 80x24 the recommendation scrolled in a 4-row box above the table: it is one clause now,
+    shown whole; the rest of its reason leads the starred row's details (preselected)."""
+    app = make_app(None)
+    async with app.run_test(size=size) as pilot:
+        wiz = await to_model_step(pilot)
+        why = wiz.query_one("#model-why")
+        assert _shown_whole(app, why), why.region
+        assert _screen_text(app, why.region) == WHY
+        assert wiz.choice.name == SDAR_4B and _text(wiz.query_one("#model-detail")).startswith(WHY_DETAIL)
+        shown = wiz.query_one("#model-detail").region.intersection(wiz.query_one("#model-detail-scroll").region)
+        top = " ".join(WHY_DETAIL.split()[:12])  # the first lines of the details, on screen
+        assert " ".join(_screen_text(app, shown).split()).startswith(top)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (60, 20)], ids=["80x24", "60x20"])
+async def test_the_test_answer_says_what_its_numbers_count(env, size):
+    """The model step predicted `256 tokens, 196 tokens/s` for the bundled model and its test run
+    said `21 tokens … 23.9 tokens/s`, the two unexplained. The test's line says what it measured
+    (one short answer, the first since loading, with the live canvas drawn at every step) and that
+    the prediction shown on the model step is for a 256-token answer, with that prediction's
+    figures. The test's question is shown whole at 60 columns (it was cut)."""
+    import re
+
+    from dgchat.app.wizard_screen import TEST_PROMPT
+    from dgchat.hub.speed import rate_words
+
+    app = make_app(None)
+    async with app.run_test(size=size) as pilot:
+        wiz = await to_model_step(pilot, select=BUNDLED)
+        bundled = wiz.choice
+        predicted = bundled.speed.prediction
+        assert f"Speed: {bundled.speed.text()}" in _text(wiz.query_one("#model-detail"))
+        await press(pilot, "#wiz-next")  # Use this model
+        for first in (True, False):
+            words = "First answer since loading" if first else "A short answer"
+            await wait_for(pilot, lambda words=words: wiz.load_state == "loaded" and wiz.generation is None
+                           and words in _text(wiz.query_one("#ready-stats")), timeout=30, what="the test answer")
+            await pilot.pause()
+            measured, counts = _text(wiz.query_one("#ready-stats")).split("\n")
+            assert re.fullmatch(r"Test: \d+ tokens · \d+ steps · \d+\.\d s · \d+\.\d tokens/s", measured)
+            assert counts == (f"{words}, timed while drawn live; predicted for a 256-token answer: "
+                              f"{predicted.per_answer()} ({rate_words(predicted.tokens_per_s)}).")
+            stats = wiz.query_one("#ready-stats")
+            assert " ".join((await _shown_text(pilot, stats)).split()) == " ".join(_text(stats).split())
+            if first:
+                prompt = wiz.query_one("#ready-prompt")
+                assert await _shown_text(pilot, prompt) == f"A short test — “{TEST_PROMPT}”"
+                await press(pilot, "#wiz-retest")

@@ -265,3 +265,23 @@ def test_export_validates_and_reproduces(generator: NpcGenerator, tmp_path: Path
     assert path.read_bytes() == export_csv(doc).encode("utf-8")
     write_export(tmp_path / "lines.json", doc)
     assert (tmp_path / "lines.json").read_text(encoding="utf-8") == text
+
+
+def test_whether_to_retry_with_another_seed_is_param_resolutions_rule(generator, monkeypatch) -> None:
+    """A line with a banned word is generated again with another seed only if the seed changes
+    anything; that is asked of param_resolution.uses_seed with the model's info (the app's one rule,
+    which knows uniform-state canvases and autoregressive decoding), not of a second rule here."""
+    from dgchat.model_backend import param_resolution
+
+    asked = []
+
+    def uses_seed(params, info=None) -> bool:
+        asked.append((params.temperature, info))
+        return False
+
+    monkeypatch.setattr(param_resolution, "uses_seed", uses_seed)
+    monkeypatch.setattr(banned_module.BannedWords, "find", lambda self, text, spans=None: "zzz")
+    spec = LineSpec(parse_card({"name": "Captain Brann", "banned_words": ["zzz"]}), length=12, count=1, seed=0)
+    [v] = generator.generate(spec).variants
+    assert asked == [(0.8, generator.engine.info)]  # sampled at the NPC temperature, yet "no effect"
+    assert v.attempt == 0 and v.status == "rejected"  # so no second try

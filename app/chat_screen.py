@@ -130,6 +130,8 @@ class ChatScreen(Screen):
         Binding("ctrl+b", "toggle_sidebar", "Sidebar", show=False, id="chat.toggle_sidebar"),
         Binding("ctrl+l", "focus_prompt", "Prompt", show=False, id="chat.focus_prompt"),
     ]
+    # what a short footer leaves out first (app/widgets/fitting_footer.py); F1 and Ctrl+P list them
+    FOOTER_DROP_FIRST = ("search", "new_chat")
     # -narrow / -medium / -wide by terminal width (app/breakpoints.py): dgchat.tcss hides the sidebar on
     # narrow terminals; Ctrl+B sets an inline display that wins over that rule, so the user's choice holds
     HORIZONTAL_BREAKPOINTS = WIDTH_BREAKPOINTS
@@ -254,7 +256,7 @@ class ChatScreen(Screen):
         engine = session.loaded(wanted)
         bar.set_loading(session.load_fraction if session.loading_path is not None else None)
         if engine is None or session.loading_path is not None:
-            bar.set_text(session.status_text(wanted, when="it loads when you send"))
+            bar.set_parts(session.status_parts(wanted, when="it loads when you send"))
             bar.set_context(None)
             return
         try:
@@ -268,7 +270,8 @@ class ChatScreen(Screen):
             # (it says whether answers are sampled)
             if block_size_of(engine) and not p.autoregressive:
                 # the label says "block diffusion (SDAR, blocks of 4)": the canvas is one block
-                bar.set_parts([(name, 0), (engine.label, 4), (f"{p.steps} steps/block", 2),
+                # the label names the variant and its block size: it goes after the sizes
+                bar.set_parts([(name, 0), (engine.label, 2), (f"{p.steps} steps/block", 2),
                                (f"max {p.max_tokens} tokens", 3), (temperature, 1), *threshold])
             elif server is None or server.is_dgchat:
                 blocks = [(f"block {p.block_length}", 3)] if p.block_length else []

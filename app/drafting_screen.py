@@ -441,17 +441,19 @@ class DraftingScreen(ToolScreen):
             saved = self._save_error
         else:
             saved = "saved" if text == self._saved_text else "editing…"
-        note = f" · {self._note}" if self._note else ""
+        note = self._note or ""
         if self._accepted is not None:
             before, after = self._accepted
             if text == after:
-                note = " · accepted · Ctrl+Z undoes it"
+                note = "accepted · Ctrl+Z undoes it"
             elif text == before:
-                note = " · undone · Ctrl+Y redoes it"
+                note = "undone · Ctrl+Y redoes it"
             else:
                 note = ""  # edited since: the note would be about another document
-        # the file's path last: on a narrow terminal it is what gets cut
-        bar.set_text(f"{saved} · {words} words{note} · {self.model_status()} · {self._short_path()}")
+        # a narrow line leaves out the engine's label first, then the file's path, then the model
+        model = [(part, rank + 2) for part, rank in self.model_status_parts()]
+        bar.set_parts([(saved, 0), (f"{words} words", 1), *([(note, 1)] if note else []), *model,
+                       (self._short_path(), 3)])
 
     def _idle_status(self) -> None:
         if not self.engine_busy and self.proposal is None:

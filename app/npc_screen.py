@@ -641,11 +641,8 @@ class NpcScreen(ToolScreen):
             bar.set_loading(done / total if total else 0.0)
             return
         bar.set_loading(None)
-        text = self.model_status()
         kept = self.kept_count
-        if kept:
-            text += f" · {kept} kept · Ctrl+S exports"
-        bar.set_text(text)
+        bar.set_parts([*self.model_status_parts(), *([(f"{kept} kept · Ctrl+S exports", 1)] if kept else [])])
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "stop":

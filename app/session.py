@@ -224,16 +224,22 @@ class ModelSession:
 
     def status_text(self, wanted: ModelSource | None, *, when: str = "it loads when you generate") -> str:
         """One line on `wanted` (a chat's model, or the default): loading, loaded, failed or idle."""
+        return " · ".join(text for text, _ in self.status_parts(wanted, when=when))
+
+    def status_parts(self, wanted: ModelSource | None, *,
+                     when: str = "it loads when you generate") -> list[tuple[str, int]]:
+        """status_text as (text, rank) parts for a status line that fits its width: a loaded model's
+        engine label (rank 4) is the first thing a narrow line leaves out (status_bar.fit_parts)."""
         if self.loading_path is not None:
-            return f"Loading {display_name(self.loading_path)}… {100 * self.load_fraction:.0f}%"
+            return [(f"Loading {display_name(self.loading_path)}… {100 * self.load_fraction:.0f}%", 0)]
         if wanted is None:
-            return "No model — start with dgchat --model PATH, or Ctrl+P → model: open…"
+            return [("No model — start with dgchat --model PATH, or Ctrl+P → model: open…", 0)]
         engine = self.loaded(wanted)
         if engine is not None:
-            return f"{self.model_name(wanted)} · {engine.label}"
+            return [(self.model_name(wanted), 0), (engine.label, 4)]
         if wanted in self.load_errors:
-            return f"{display_name(wanted)} · failed to load: {self.load_errors[wanted]}"
-        return f"{display_name(wanted)} · not loaded ({when})"
+            return [(display_name(wanted), 0), (f"failed to load: {self.load_errors[wanted]}", 0)]
+        return [(display_name(wanted), 0), (f"not loaded ({when})", 1)]
 
     # -- loading --------------------------------------------------------------------------------
     def load(self, path: ModelSource, *, force: bool = False, preempt: bool = False, report: bool = True) -> bool:

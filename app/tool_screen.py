@@ -51,11 +51,14 @@ class ToolScreen(Screen):
 
     def model_status(self) -> str:
         """One line on the model these screens use: the chats' default model."""
+        return " · ".join(text for text, _ in self.model_status_parts())
+
+    def model_status_parts(self) -> list[tuple[str, int]]:
+        """model_status as ranked parts (ModelSession.status_parts) for a line that fits its width."""
         session = self.session
-        engine = session.engine
-        if session.loading_path is None and engine is not None:
-            return session.status_text(session.path)
-        return session.status_text(session.default_path)
+        if session.loading_path is None and session.engine is not None:
+            return session.status_parts(session.path)
+        return session.status_parts(session.default_path)
 
     def engine_for_job(self) -> Engine | None:
         """The loaded engine when a job may start now; otherwise None and a notice saying why

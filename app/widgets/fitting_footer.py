@@ -5,7 +5,8 @@ command-palette key, so an 80-column chat read `… ^o Settings f1 K▏^p Comman
 `FittingFooter` measures its keys after each layout and hides whole keys until the row fits. The
 keys closest to what has focus stay longest (the replay's own keys over the message's, those over
 the screen's, those over the app's), and F1 (every key, with its description) stays to the last:
-a key left out here still works and is listed there.
+a key left out here still works and is listed there. A screen may name actions to leave out
+before all others (`FOOTER_DROP_FIRST`): the chat keeps Settings over New chat and Search.
 """
 
 from __future__ import annotations
@@ -64,8 +65,12 @@ class FittingFooter(Footer):
         used = sum(_width(k) for k in keys)
         if used <= room:
             return
-        # least relevant first: farthest from focus, and within one level the rightmost
-        order = sorted(range(len(keys)), key=lambda i: (-self._level(keys[i].action), -i))
+        # least relevant first: what the screen names in FOOTER_DROP_FIRST, then the farthest from
+        # focus, and within one level the rightmost
+        first = tuple(getattr(self.screen, "FOOTER_DROP_FIRST", ()))
+        order = sorted(range(len(keys)), key=lambda i: (
+            first.index(keys[i].action) if keys[i].action in first else len(first),
+            -self._level(keys[i].action), -i))
         for i in order:
             if used <= room:
                 break

@@ -50,7 +50,9 @@ async def test_model_info_lists_each_setting_with_its_source(home, llada_gguf):
         assert ["steps", "4", "(chat)"] in lines
         assert ["canvas", "length", "16", "(config)"] in lines
         assert ["exact", "mode", "(--precise)", "true", "(config)"] in lines
-        assert not any("seed" in line for line in lines)  # nobody chose it: dgchat's default
+        # nobody chose it: every answer draws its own (shown on the answer)
+        assert [line for line in lines if "seed" in line] == [
+            ["seed", "new", "for", "each", "answer", "(shown", "on", "the", "answer)"]]
 
 
 def test_save_precise_keeps_the_rest_of_the_file(tmp_path):

@@ -24,7 +24,7 @@ from fixtures.app_pty import Terminal, app_env, saved_answer, wait_until
 from fixtures.block_tiny import converted
 
 PROGRESS = re.compile(r"block (\d+) · step (\d+)/(\d+) · (\d+) tokens")
-LOADED = "block diffusion (SDAR, blocks of 4)"
+LOADED = " · T 0"  # the status line of the loaded model (a narrow one leaves out the engine's label)
 PROMPT = "Tell me a story about a dragon"
 MAX_TOKENS = 192
 PROBE = 16  # letters and digits of the answer in a row: its text is on screen

@@ -80,7 +80,10 @@ def record_frames(monkeypatch) -> list[tuple[StepEvent, str, list[str], int]]:
 
 
 def _status(screen) -> str:
-    return str(screen.query_one("#status #status-text").render())
+    """The whole status line (a narrow one leaves parts out: status_bar.fit_parts)."""
+    from dgchat.app.widgets.status_bar import StatusBar
+
+    return screen.query_one("#status", StatusBar).full_text
 
 
 def _answers(screen) -> list[MessageView]:

@@ -27,12 +27,16 @@
     url = "http://gpu-box:8765"
     api_key = "..."           # or $DGCHAT_API_KEY; --api-key wins
 
+The app changes a few keys in place (`save_default_model`, `save_server`, `save_precise`): line by line
+through dgchat.toml_write, so that a person's comments and layout stay, and atomically.
+
 This module must stay importable without Textual: `dgchat generate` reads `default_model` from it.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,27 +44,16 @@ from typing import Any
 from dgchat import paths
 from dgchat.hub.speed import DEFAULT_LIMIT_S
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
-from dgchat.model_backend.params import ALGORITHMS, CACHE_MODES, DiffusionParams, max_threads
-from dgchat.toml_files import TomlFileError, read_toml
+from dgchat.model_backend.params import DiffusionParams, max_threads
+from dgchat.toml_files import TomlFileError, parse_toml, read_regular_file, read_toml
+from dgchat.toml_write import set_keys
 
 CLIPBOARD_MODES = ("auto", "osc52", "file")
 THEME_ALIASES = {"dark": "textual-dark", "light": "textual-light"}
 
-# sampler key -> (type, description used in messages)
-SAMPLER_KEYS: dict[str, tuple[type, str]] = {
-    "steps": (int, "a positive integer"),
-    "gen_length": (int, "a positive integer"),
-    "block_length": (int, "a positive integer"),
-    "max_tokens": (int, "a positive integer"),
-    "algorithm": (str, "one of " + ", ".join(ALGORITHMS)),
-    "threshold": (float, "a number in (0, 1]"),
-    "temperature": (float, "a number >= 0"),
-    "eps": (float, "a number in [0, 1)"),
-    "top_k": (int, "an integer >= 0"),
-    "top_p": (float, "a number in (0, 1]"),
-    "cache": (str, "one of " + ", ".join(CACHE_MODES)),
-    "seed": (int, "an integer"),
-}
+# the sampler settings [sampler] may set; their types and ranges are DiffusionParams.FIELDS'
+SAMPLER_KEYS = ("steps", "gen_length", "block_length", "max_tokens", "algorithm", "threshold", "temperature", "eps",
+                "top_k", "top_p", "cache", "seed")
 TOP_KEYS = (
     "default_model", "theme", "system_prompt", "refresh_hz", "clipboard", "n_threads", "n_gpu_layers", "export_dir",
     "answer_seconds_limit", "sampler", "keys", "server", "engine",
@@ -221,15 +214,10 @@ def _sampler(path: Path, table: Any) -> dict[str, Any]:
     for key, value in table.items():
         if key not in SAMPLER_KEYS:
             raise _fail(path, f"[sampler] unknown setting {key!r} (known: {', '.join(SAMPLER_KEYS)})")
-        kind, what = SAMPLER_KEYS[key]
-        ok = (
-            (kind is int and isinstance(value, int) and not isinstance(value, bool))
-            or (kind is float and isinstance(value, (int, float)) and not isinstance(value, bool))
-            or (kind is str and isinstance(value, str))
-        )
-        if not ok:
-            raise _fail(path, f"[sampler] {key} must be {what} (got {_describe(value)})")
-        out[key] = float(value) if kind is float else value
+        spec = DiffusionParams.FIELDS[key]
+        if not spec.has_type(value):
+            raise _fail(path, f"[sampler] {key} must be {spec.what} (got {_describe(value)})")
+        out[key] = float(value) if spec.kind is float else value
     try:
         DiffusionParams(**out).validate()
     except InvalidParameterError as exc:
@@ -268,3 +256,65 @@ def validate_for_app(config: Config, *, themes: set[str], binding_ids: set[str])
                 f"[keys] unknown binding id {binding_id!r} (press F1 in the app for the list; "
                 f"known: {', '.join(sorted(binding_ids))})",
             )
+
+
+# -- writing: single keys, edited in place ----------------------------------------------------------
+
+CONFIG_HEADER = (
+    "# dgchat settings; every key is optional (docs/APP.md lists them all).\n"
+    "# Written by the first-run setup; edit freely.\n"
+)
+
+
+def save_default_model(config_path: Path, model_path: Path | str | None) -> None:
+    """Set (or with None remove) `default_model` in the config file, keeping everything else as it
+    is (comments, other keys, tables); creates the file if there is none. Atomic."""
+    value = str(model_path) if model_path is not None else None
+    _edit(Path(config_path), None, {"default_model": value}, "default_model",
+          lambda top: top.get("default_model") == value, "(a multi-line value?)")
+
+
+def save_server(config_path: Path, url: str | None, api_key: str | None = None) -> None:
+    """Set the `[server]` table's url (and api_key when given; an api_key already there is removed
+    otherwise, so a key meant for another server is never sent to this one), or with url None
+    remove both. Everything else in the file stays as it is (comments, other keys and tables);
+    creates the file if there is none. Atomic."""
+    key = api_key if url is not None and api_key else None
+    _edit(Path(config_path), "server", {"url": url, "api_key": key}, "[server]",
+          lambda table: table.get("url") == url and table.get("api_key") == key,
+          "(is it written another way, such as server.url = …?)")
+
+
+def save_precise(config_path: Path, precise: bool) -> None:
+    """Set `[engine] precise` (exact mode: f32 KV cache, no flash attention), keeping everything
+    else as it is; creates the table, or the file, if there is none. Atomic."""
+    _edit(Path(config_path), "engine", {"precise": precise}, "[engine] precise",
+          lambda table: table.get("precise") is precise, "(is it written another way, such as engine.precise = …?)")
+
+
+def _edit(config_path: Path, table: str | None, values: dict[str, object | None], what: str,
+          took: Callable[[dict[str, Any]], bool], not_taken: str) -> None:
+    """Write the config file with `values` set in `table` (toml_write.set_keys) once the result parses
+    and `took` finds the edit in it, atomically (0600, as every settings file: it may hold a key);
+    else a ConfigError and the file unchanged."""
+    text = set_keys(_config_text(config_path), table, values)
+    try:
+        parsed = parse_toml(text)
+    except TomlFileError as exc:
+        raise ConfigError(f"{config_path}: {exc}, so {what} was not written") from None
+    section = parsed if table is None else parsed.get(table)
+    if not took(section if isinstance(section, dict) else {}):
+        raise ConfigError(f"{config_path}: {what} could not be set {not_taken}; edit it by hand")
+    paths.atomic_write_text(config_path, text)
+
+
+def _config_text(config_path: Path) -> str:
+    """The config file's text to edit, or a new file's header when there is none."""
+    try:  # a regular file of bounded size (a FIFO would block the app)
+        return read_regular_file(config_path).decode("utf-8")
+    except TomlFileError as exc:
+        if exc.kind != "missing":
+            raise ConfigError(f"{config_path}: {exc}") from None
+        return CONFIG_HEADER
+    except UnicodeDecodeError:
+        raise ConfigError(f"{config_path}: not UTF-8 text") from None

@@ -28,7 +28,7 @@ from dgchat.app.widgets.chat_list import ChatList
 from dgchat.app.widgets.message import MessageView
 from dgchat.app.widgets.npc import CardList, VariantView
 from dgchat.app.widgets.prompt_input import PromptInput
-from dgchat.app.wizard_screen import WizardScreen
+from dgchat.app.wizard.screen import WizardScreen
 from dgchat.config import Config, validate_for_app
 from dgchat.app.help_modal import HelpModal, HelpRows, remap_hint
 from dgchat.app.model_source import ModelSource
@@ -119,7 +119,7 @@ class DgchatApp(App[int]):
         """The hook for the first-run wizard: a screen to push over the chat at start, or None.
 
         No config file yet and no model named (--model, $DGCHAT_MODEL): the first-run wizard
-        (app/wizard_screen.py), which writes the config. Otherwise, when there is no model to use,
+        (app/wizard/), which writes the config. Otherwise, when there is no model to use,
         a screen saying so and how to give one; a result of "open" from it opens the model picker."""
         if not self.config.exists and not self._model_given():
             return WizardScreen()

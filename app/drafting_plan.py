@@ -41,7 +41,16 @@ from dgchat.model_backend.engine_protocol import Engine, served
 from dgchat.model_backend.errors import DgchatError
 from dgchat.model_backend.events import FinalEvent
 from dgchat.model_backend.model_info import BLOCK_DIFFUSION, VARIANT_NAMES
-from dgchat.model_backend.param_resolution import CONFIG, DRAFTING, Layer, merge
+from dgchat.model_backend.param_resolution import (
+    CONFIG,
+    DRAFTING,
+    Layer,
+    drafting_steps,
+    merge,
+    one_block,
+    one_canvas_answer,
+    rewrite_layer,
+)
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.model_backend.requests import CanvasTemplate
 from dgchat.npc.errors import TemplateError
@@ -210,11 +219,8 @@ def plan_rewrite(engine: Engine, request: DraftRequest, base: DiffusionParams) -
     # the span continues into the text after it: no end of turn, no control tokens inside it
     bias = tuple((t, -100.0) for t in sorted(set(vocab.eog) | set(vocab.control)))
     p = _sampling(engine, base, request.seed)
-    p = replace(p, block_length=None, eps=p.eps if p.eps is not None else 1e-3, gen_length=int(tokens.size),
-                max_tokens=int(tokens.size), logit_bias=p.logit_bias + bias)
-    if not engine.info.uniform_state:
-        p = replace(p, steps=min(int(p.steps or span), span))
-    params = engine.resolve(p)
+    rewrite = rewrite_layer(p, int(tokens.size), span, uniform_state=engine.info.uniform_state)
+    params = engine.resolve(replace(p, **rewrite.values, logit_bias=p.logit_bias + bias))
     engine.check_fits(int(prompt.size), params)
     return DraftPlan("rewrite", prompt, params, CanvasTemplate(tokens, fixed), span)
 
@@ -230,13 +236,11 @@ def plan_continue(engine: Engine, request: DraftRequest, base: DiffusionParams) 
     p = _sampling(engine, base, request.seed)
     if request.length:
         # a chosen length is one block (the model's block length need not divide it), as a rewrite's span
-        p = replace(p, gen_length=request.length, max_tokens=request.length, block_length=None,
-                    eps=p.eps if p.eps is not None else 1e-3)
+        p = replace(p, **one_block(request.length, p.eps))
     bias = tuple((t, -100.0) for t in vocab.control)
     p = replace(p, logit_bias=p.logit_bias + bias)
     params = engine.resolve(p)
-    if params.max_tokens and params.max_tokens > params.gen_length:
-        params = replace(params, max_tokens=params.gen_length)  # one canvas: the proposal is shown whole
+    params = replace(params, **one_canvas_answer(params).values)  # one canvas: the proposal is shown whole
     room = engine.n_ctx_max - int(params.gen_length) - 1
     if room < 1:
         raise DgchatError(f"a canvas of {params.gen_length} tokens does not fit the model's context")
@@ -278,21 +282,18 @@ def plan_remote(engine: Engine, request: DraftRequest, base: DiffusionParams) ->
         span = request.length or estimate_tokens(request.selected) or DEFAULT_FILL_TOKENS
         span = max(1, min(MAX_SPAN_TOKENS, span))
         # the server lays the canvas out (the span, then the suffix; one block): this is its span
-        p = replace(p, block_length=None, eps=p.eps if p.eps is not None else 1e-3, gen_length=span, max_tokens=span)
+        p = replace(p, **one_block(span, p.eps))
         resolved = engine.resolve(p)
         if not engine.info.uniform_state:  # as plan_rewrite: at most one step per position
-            p = replace(p, steps=min(int(resolved.steps or span), span))
+            p = replace(p, steps=drafting_steps(span, resolved.steps))
         prompt = RemotePrompt(text=before, suffix=request.after[:REMOTE_AFTER_CHARS])
     else:
         if request.length:  # one block of that length (eps: no block length to fall back on)
-            p = replace(p, gen_length=request.length, max_tokens=request.length, block_length=None,
-                        eps=p.eps if p.eps is not None else 1e-3)
+            p = replace(p, **one_block(request.length, p.eps))
         elif not server.is_dgchat:
             p = replace(p, max_tokens=p.max_tokens or p.gen_length or DEFAULT_CONTINUE_TOKENS)
-        if server.is_dgchat:
-            resolved = engine.resolve(p)
-            if resolved.max_tokens and resolved.max_tokens > resolved.gen_length:
-                p = replace(p, max_tokens=resolved.gen_length)  # one canvas: the proposal is shown whole
+        if server.is_dgchat:  # one canvas: the proposal is shown whole
+            p = replace(p, **one_canvas_answer(engine.resolve(p)).values)
         prompt = RemotePrompt(text=before)
     plain = DiffusionParams()  # what this server cannot take is left at its own default
     p = replace(p, **{name: getattr(plain, name) for name in server.unsupported(p)})

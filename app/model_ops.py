@@ -1,35 +1,26 @@
-"""What the first-run wizard and the Models screen share: the model manager and the machine, one
-hub call at a time in a worker thread with progress, the words for progress, fits, answer times and
-errors, the question before a download, the token dialog, and saving the default model to the
-config file.
+"""What the first-run wizard and the Models screen share: the model manager and the machine, and
+the words for progress, fits, answer times and errors, the table of models, the question before a
+download. Around it, each in its own module: the hub call in a worker thread (app/hub_task.py), the
+transfer on screen (app/widgets/transfer_panel.py), the token dialog (app/token_modal.py), and the
+config file's edits (dgchat.config: save_default_model, save_server, save_precise).
 
 This machine's speed (dgchat.hub.machine_profile) is read with the hardware in the detection
 worker; when it was never measured for this engine build, `start_profile_task` measures it once in
 another worker (a few seconds, then saved), so neither screen waits for it: the list shows answer
 times when the profile arrives. The predictions themselves come from the hub (ModelRow.speed).
-
-Hub calls (pull, import, verify, storing a token) block and may take minutes, so they run in a
-thread worker. Their progress callback is called in that thread; `HubTask` throttles it to ten
-reports a second (plus every phase change) and hands each to the UI thread with
-`App.call_from_thread`. The task's cancel event pauses a download (the partial file is kept and the
-next pull resumes it); closing the task (the screen goes away) also stops the hand-over, so a
-worker never waits on a UI that is shutting down.
 """
 
 from __future__ import annotations
 
-import re
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dgchat.app.confirm_modal import ConfirmModal
-from dgchat.app.paths import atomic_write_text, short_path
-from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
-from dgchat.config import ConfigError
+from dgchat.app.hub_task import HubTask, start_hub_task
+from dgchat.app.paths import short_path
 from dgchat.hub import (
     DiskFullError,
     DownloadCancelled,
@@ -43,25 +34,15 @@ from dgchat.hub import (
     VerificationError,
     detect_hardware,
     machine_profile,
-    store_token,
 )
 from dgchat.hub.fit import TOO_SLOW, Fit, FitEstimate
 from dgchat.hub.machine_profile import MachineProfile
 from dgchat.hub.manager import ModelRow, PullResult
 from dgchat.hub.util import format_bytes
 from dgchat.model_backend.errors import DgchatError
-from dgchat.terminal_text import safe_message
-from dgchat.toml_files import TomlFileError, parse_toml, read_regular_file
-from dgchat.toml_write import toml_string
 from rich.text import Text
-from textual.app import ComposeResult
-from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widget import Widget
-from textual.widgets import Button, DataTable, Input, Label, ProgressBar, Static
-
-PROGRESS_EVERY = 0.1  # seconds between progress hand-overs to the UI (phase changes always go through)
+from textual.widgets import DataTable
 
 WHERE = {
     "installed": "installed",
@@ -516,372 +497,3 @@ def describe_problem(exc: BaseException) -> Problem:
     if isinstance(exc, DgchatError):
         return Problem("That did not work", str(exc), "Retry")
     return Problem("That did not work", f"{type(exc).__name__}: {exc}", "Retry")
-
-
-# -- one hub call in a worker thread ---------------------------------------------------------------
-
-
-@dataclass
-class HubTask:
-    """A running hub call: `stop()` pauses it (cancel event), `close()` also stops UI hand-overs."""
-
-    name: str
-    cancel: threading.Event = field(default_factory=threading.Event)
-    closing: threading.Event = field(default_factory=threading.Event)
-    done: threading.Event = field(default_factory=threading.Event)
-    last: Progress | None = None
-
-    @property
-    def running(self) -> bool:
-        return not self.done.is_set()
-
-    def stop(self) -> None:
-        self.cancel.set()
-
-    def close(self) -> None:
-        self.closing.set()
-        self.cancel.set()
-
-
-def start_hub_task(
-    node: Widget,
-    name: str,
-    call: Callable[[Callable[[Progress], None], threading.Event], Any],
-    *,
-    progress: Callable[[Progress], None],
-    done: Callable[[Any], None],
-    failed: Callable[[BaseException], None],
-) -> HubTask:
-    """Run `call(on_progress, cancel)` in a thread worker of `node`; its progress, result or error
-    reach `progress` / `done` / `failed` on the UI thread."""
-    task = HubTask(name)
-    app = node.app
-    last_sent = [0.0, ""]
-
-    def hand_over(callback: Callable[..., Any], *args: Any) -> None:
-        if task.closing.is_set():
-            return
-        try:
-            app.call_from_thread(callback, *args)
-        except RuntimeError:  # the app is not running any more
-            pass
-
-    def on_progress(p: Progress) -> None:
-        task.last = p
-        now = time.monotonic()
-        if p.phase != last_sent[1] or now - last_sent[0] >= PROGRESS_EVERY or (p.total and p.done >= p.total):
-            last_sent[0], last_sent[1] = now, p.phase
-            hand_over(progress, p)
-
-    def work() -> None:
-        try:
-            result = call(on_progress, task.cancel)
-        except BaseException as exc:  # noqa: BLE001 - shown to the user, never lost in a thread
-            task.done.set()
-            hand_over(failed, exc)
-        else:
-            task.done.set()
-            hand_over(done, result)
-
-    node.run_worker(work, thread=True, group="hub", exit_on_error=False, name=name)
-    return task
-
-
-# -- a transfer on screen --------------------------------------------------------------------------
-
-
-class TransferPanel(Vertical):
-    """A pull, import or verification on screen: phase, bar, bytes/speed/time left, the hub's
-    messages (retries), then the result or the problem."""
-
-    DEFAULT_CSS = """
-    TransferPanel { height: auto; }
-    TransferPanel > .tp--phase { text-style: bold; }
-    TransferPanel > ProgressBar { margin: 0 0 0 0; }
-    TransferPanel > ProgressBar > Bar { width: 1fr; }
-    TransferPanel > .tp--message { color: $text-muted; }
-    TransferPanel > .tp--result { color: $success; }
-    TransferPanel > .tp--error { color: $error; }
-    """
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.active = False
-
-    def compose(self) -> ComposeResult:
-        yield Label("", classes="tp--phase", markup=False)
-        yield ProgressBar(total=100, show_eta=False)
-        yield Static("", classes="tp--status", markup=False)
-        yield Static("", classes="tp--message", markup=False)
-        yield Static("", classes="tp--result", markup=False)
-        yield Static("", classes="tp--error", markup=False)
-
-    def _set(self, cls: str, text: str) -> None:
-        widget = self.query_one(f".{cls}")
-        # the hub's messages and problems quote what a server said: by the terminal rule
-        widget.update(safe_message(text, 4000))  # type: ignore[attr-defined]
-        widget.display = bool(text)  # no blank lines between what is said
-
-    def _bar(self, done: int | None, total: int | None) -> None:
-        bar = self.query_one(ProgressBar)
-        if total:
-            bar.update(total=total, progress=min(done or 0, total))
-        else:
-            bar.update(total=100, progress=0)
-
-    def start(self, phase: str, done: int = 0, total: int | None = None) -> None:
-        self.active = True
-        self._set("tp--phase", phase)
-        self._bar(done, total)
-        for cls in ("tp--status", "tp--message", "tp--result", "tp--error"):
-            self._set(cls, "")
-
-    def show(self, p: Progress) -> None:
-        if not self.active:
-            return
-        self._set("tp--phase", PHASES.get(p.phase, p.phase))
-        if p.total:
-            self._bar(p.done, p.total)
-        self._set("tp--status", progress_text(p))
-        if p.message:
-            self._set("tp--message", p.message)
-
-    def stopping(self) -> None:
-        self._set("tp--phase", "Stopping…")
-
-    def paused(self, exc: DownloadCancelled, resume_word: str = "Resume") -> None:
-        """`resume_word`: the button that continues it on this screen."""
-        self.active = False
-        self._set("tp--phase", "Paused")
-        self._set("tp--message", "")
-        if exc.bytes_total:
-            self._bar(exc.bytes_done, exc.bytes_total)
-            self._set("tp--status", f"Paused at {format_bytes(exc.bytes_done)} of {format_bytes(exc.bytes_total)}. "
-                                    f"The partial file is kept: {resume_word} continues from there, also after "
-                                    "quitting dgchat.")
-        else:
-            self._set("tp--status", str(exc))
-
-    def finished(self, text: str) -> None:
-        self.active = False
-        self._set("tp--phase", "Done")
-        self._bar(1, 1)
-        self._set("tp--status", "")
-        self._set("tp--message", "")
-        self._set("tp--result", "✓ " + text)
-
-    def failed(self, problem: Problem) -> None:
-        self.active = False
-        self._set("tp--phase", problem.title)
-        self._set("tp--status", "")
-        self._set("tp--error", problem.message)
-
-    @property
-    def phase_text(self) -> str:
-        return str(self.query_one(".tp--phase", Label).render())
-
-    def text(self, cls: str) -> str:
-        return str(self.query_one(f".tp--{cls}", Static).render())
-
-
-# -- the token dialog ------------------------------------------------------------------------------
-
-
-class TokenModal(ModalScreen[bool]):
-    """Ask for a Hugging Face access token for a gated repo, check it with the hub and store it in
-    the hub's own token storage (dgchat.hub.store_token). Dismisses with True once stored."""
-
-    BINDINGS = [Binding("escape", "cancel", "Cancel", id="dialog.cancel")]
-
-    def __init__(self, repo: str, message: str, had_token: bool) -> None:
-        super().__init__(classes="dialog-screen")
-        self.repo = repo
-        self.message = message
-        self.had_token = had_token
-        self._store_task: HubTask | None = None
-
-    def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog -wide", id="token-dialog"):
-            yield Label("Hugging Face token", classes="dialog--title")
-            yield Static(self.message, markup=False, classes="dialog--body", id="token-why")
-            yield Static(
-                f"1. Open https://huggingface.co/{self.repo} and accept the licence (once).\n"
-                "2. Create a read token at https://huggingface.co/settings/tokens and paste it below.\n"
-                "It is checked with the hub and kept in the hub's own token file (~/.cache/huggingface), "
-                "where every Hugging Face tool finds it.",
-                markup=False, classes="dialog--help",
-            )
-            yield Input(placeholder="hf_…", password=True, id="token-value")
-            yield Label("", id="token-error", classes="dialog--error", markup=False)
-            with Horizontal(classes="dialog--buttons"):
-                yield Button("Save token and retry", variant="primary", id="ok")
-                yield Button("Cancel", id="cancel")
-
-    def on_mount(self) -> None:
-        steady_cursors_when_headless(self)
-        self.query_one(Input).focus()
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        event.stop()
-        self._submit()
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        event.stop()
-        if event.button.id == "ok":
-            self._submit()
-        else:
-            self.action_cancel()
-
-    def _submit(self) -> None:
-        if self._store_task is not None and self._store_task.running:
-            return
-        token = self.query_one(Input).value.strip()
-        error = self.query_one("#token-error", Label)
-        if not token:
-            error.update("paste a token first")
-            return
-        error.update("Checking the token with the hub…")
-        self.query_one("#ok", Button).disabled = True
-
-        def call(_progress: Callable[[Progress], None], _cancel: threading.Event) -> Any:
-            return store_token(token)
-
-        self._store_task = start_hub_task(self, "store-token", call, progress=lambda p: None,
-                                    done=self._stored, failed=self._rejected)
-
-    def _stored(self, _info: Any) -> None:
-        self.dismiss(True)
-
-    def _rejected(self, exc: BaseException) -> None:
-        self.query_one("#token-error", Label).update(str(exc) if isinstance(exc, DgchatError) else
-                                                     f"{type(exc).__name__}: {exc}")
-        self.query_one("#ok", Button).disabled = False
-        self.query_one(Input).focus()
-
-    def action_cancel(self) -> None:
-        if self._store_task is not None:
-            self._store_task.close()
-        self.dismiss(False)
-
-
-# -- the config file -------------------------------------------------------------------------------
-
-_TABLE_RE = re.compile(r"^\s*\[")
-_DEFAULT_RE = re.compile(r"^\s*default_model\s*=")
-CONFIG_HEADER = (
-    "# dgchat settings; every key is optional (docs/APP.md lists them all).\n"
-    "# Written by the first-run setup; edit freely.\n"
-)
-
-
-def _config_lines(config_path: Path) -> list[str]:
-    """The config file's lines, each ending in a newline (a new file's header when there is none),
-    for the edits below that keep comments and everything they do not touch."""
-    try:  # a regular file of bounded size (a FIFO would block the app)
-        old = read_regular_file(config_path).decode("utf-8")
-    except TomlFileError as exc:
-        if exc.kind != "missing":
-            raise ConfigError(f"{config_path}: {exc}") from None
-        old = CONFIG_HEADER
-    except UnicodeDecodeError:
-        raise ConfigError(f"{config_path}: not UTF-8 text") from None
-    lines = old.splitlines(keepends=True)
-    if lines and not lines[-1].endswith("\n"):
-        lines[-1] += "\n"
-    return lines
-
-
-def save_default_model(config_path: Path, model_path: Path | str | None) -> None:
-    """Set (or with None remove) `default_model` in the config file, keeping everything else as it
-    is (comments, other keys, tables); creates the file if there is none. Atomic."""
-    config_path = Path(config_path)
-    lines = _config_lines(config_path)
-    first_table = next((i for i, line in enumerate(lines) if _TABLE_RE.match(line)), len(lines))
-    kept = [line for i, line in enumerate(lines) if i >= first_table or not _DEFAULT_RE.match(line)]
-    first_table -= len(lines) - len(kept)
-    if model_path is not None:
-        # after the leading comments and keys, before the first [table] (keys there would belong to it)
-        kept.insert(first_table, f"default_model = {toml_string(str(model_path))}\n")
-    text = "".join(kept)
-    try:
-        parsed = parse_toml(text)
-    except TomlFileError as exc:
-        raise ConfigError(f"{config_path}: {exc}, so default_model was not written") from None
-    if parsed.get("default_model") != (str(model_path) if model_path is not None else None):
-        raise ConfigError(f"{config_path}: default_model could not be set (a multi-line value?); edit it by hand")
-    atomic_write_text(config_path, text)
-
-
-_SERVER_TABLE_RE = re.compile(r"^\s*\[\s*server\s*\]\s*(#.*)?$")
-_SERVER_KEY_RE = re.compile(r"^\s*(url|api_key|\"url\"|\"api_key\")\s*=")
-_KEY_LINE_RE = re.compile(r"^\s*[A-Za-z0-9_\"'-]+\s*=")
-
-
-def save_server(config_path: Path, url: str | None, api_key: str | None = None) -> None:
-    """Set the `[server]` table's url (and api_key when given; an api_key already there is removed
-    otherwise, so a key meant for another server is never sent to this one), or with url None
-    remove both. Everything else in the file stays as it is (comments, other keys and tables);
-    creates the file if there is none. Atomic."""
-    config_path = Path(config_path)
-    lines = _config_lines(config_path)
-    header = next((i for i, line in enumerate(lines) if _SERVER_TABLE_RE.match(line)), None)
-    if header is not None:
-        end = next((i for i in range(header + 1, len(lines)) if _TABLE_RE.match(lines[i])), len(lines))
-        body = [line for line in lines[header + 1:end] if not _SERVER_KEY_RE.match(line)]
-        new_keys = []
-        if url is not None:
-            new_keys.append(f"url = {toml_string(url)}\n")
-            if api_key:
-                new_keys.append(f"api_key = {toml_string(api_key)}\n")
-        if new_keys or any(_KEY_LINE_RE.match(line) for line in body):
-            lines[header:end] = [lines[header], *new_keys, *body]
-        else:  # nothing left in the table: the header goes too (its comments stay)
-            lines[header:end] = body
-    elif url is not None:
-        if lines and lines[-1].strip():
-            lines.append("\n")
-        lines.append("[server]\n")
-        lines.append(f"url = {toml_string(url)}\n")
-        if api_key:
-            lines.append(f"api_key = {toml_string(api_key)}\n")
-    wanted_key = api_key if url is not None and api_key else None
-    _write_config(config_path, "".join(lines), "server", "url", "[server]",
-                  lambda table: table.get("url") == url and table.get("api_key") == wanted_key)
-
-
-_ENGINE_TABLE_RE = re.compile(r"^\s*\[\s*engine\s*\]\s*(#.*)?$")
-_PRECISE_KEY_RE = re.compile(r"^\s*(precise|\"precise\")\s*=")
-
-
-def save_precise(config_path: Path, precise: bool) -> None:
-    """Set `[engine] precise` (exact mode: f32 KV cache, no flash attention), keeping everything
-    else as it is; creates the table, or the file, if there is none. Atomic."""
-    config_path = Path(config_path)
-    lines = _config_lines(config_path)
-    line = f"precise = {'true' if precise else 'false'}\n"
-    header = next((i for i, text in enumerate(lines) if _ENGINE_TABLE_RE.match(text)), None)
-    if header is not None:
-        end = next((i for i in range(header + 1, len(lines)) if _TABLE_RE.match(lines[i])), len(lines))
-        body = [text for text in lines[header + 1:end] if not _PRECISE_KEY_RE.match(text)]
-        lines[header:end] = [lines[header], line, *body]
-    else:
-        if lines and lines[-1].strip():
-            lines.append("\n")
-        lines += ["[engine]\n", line]
-    _write_config(config_path, "".join(lines), "engine", "precise", "[engine] precise",
-                  lambda table: table.get("precise") is precise)
-
-
-def _write_config(config_path: Path, text: str, table_name: str, key: str, what: str,
-                  took: Callable[[dict], bool]) -> None:
-    """Write the edited config.toml once it parses and `took` finds the edit in it, atomically and
-    0600 as every settings file (it may hold a key); else a ConfigError and the file unchanged."""
-    try:
-        parsed = parse_toml(text)
-    except TomlFileError as exc:
-        raise ConfigError(f"{config_path}: {exc}, so {what} was not written") from None
-    table = parsed.get(table_name) if isinstance(parsed.get(table_name), dict) else {}
-    if not took(table):
-        raise ConfigError(f"{config_path}: {what} could not be set (is it written another way, such as "
-                          f"{table_name}.{key} = …?); edit it by hand")
-    atomic_write_text(config_path, text)

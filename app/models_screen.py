@@ -35,19 +35,16 @@ from typing import Any
 from dgchat.app import model_ops
 from dgchat.app.confirm_modal import ConfirmModal
 from dgchat.model_backend.engine_protocol import served
-from dgchat.app.model_ops import (
-    HubTask,
-    TransferPanel,
-    describe_problem,
-    is_bundled,
-    short_path,
-    start_hub_task,
-)
+from dgchat.app.hub_task import HubTask, start_hub_task
+from dgchat.app.model_ops import describe_problem, is_bundled, short_path
 from dgchat.app.model_source import ModelSource, ServerSource
 from dgchat.app.prompt_modal import PromptModal
+from dgchat.app.token_modal import TokenModal
 from dgchat.app.widgets.checkpoint_pull import PullPanel, conversion_label, keep_answer
 from dgchat.app.widgets.checkpoint_pull import download_confirm as checkpoint_confirm
 from dgchat.app.widgets.fitting_footer import FittingFooter
+from dgchat.app.widgets.transfer_panel import TransferPanel
+from dgchat.config import save_default_model, save_server
 from dgchat.hub import DownloadCancelled, Hardware, TokenRequiredError
 from dgchat.hub.machine_profile import MachineProfile, ProfileCancelled
 from dgchat.hub.manager import ModelRow, PullResult
@@ -329,7 +326,7 @@ class ModelsScreen(Screen[ModelSource | None]):
         config = app.config
         if config.server_url != source.url:
             try:
-                model_ops.save_server(config.path, source.url)
+                save_server(config.path, source.url)
             except DgchatError as exc:
                 self._message(str(exc), error=True)
                 return
@@ -622,7 +619,7 @@ class ModelsScreen(Screen[ModelSource | None]):
                 if stored:  # the download was agreed to already
                     self._start_pull(row, then_use, keep=self._keep)
 
-            self.app.push_screen(model_ops.TokenModal(exc.repo, str(exc), exc.had_token), after)
+            self.app.push_screen(TokenModal(exc.repo, str(exc), exc.had_token), after)
 
     def action_use(self) -> None:
         row = self.selected
@@ -657,9 +654,9 @@ class ModelsScreen(Screen[ModelSource | None]):
         app = self.app
         try:
             if forget_server:
-                model_ops.save_server(app.config.path, None)
+                save_server(app.config.path, None)
                 app.config.server_url = app.config.server_api_key = None
-            model_ops.save_default_model(app.config.path, path)
+            save_default_model(app.config.path, path)
         except DgchatError as exc:
             self._message(str(exc), error=True)
             return

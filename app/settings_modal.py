@@ -37,15 +37,7 @@ from dgchat.app.widgets.path_suggester import PathSuggester
 from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
 from dgchat.model_backend.errors import DgchatError
 from dgchat.model_backend.model_info import VARIANT_NAMES
-from dgchat.model_backend.params import (
-    ALGORITHMS,
-    CACHE_MODES,
-    MAX_GEN_LENGTH,
-    MAX_SCALE,
-    MAX_STEPS,
-    MAX_TOKENS,
-    DiffusionParams,
-)
+from dgchat.model_backend.params import DiffusionParams, ParamField
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -53,36 +45,56 @@ from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, TextArea
 
-# field -> (label, kind, help); kind: int | float | choice list. Every field a form can show; which
-# temperature fields it shows depends on the model (fields_for)
-FIELDS: dict[str, tuple[str, Any, str]] = {
-    "steps": ("Steps", int, "per canvas"),
-    "gen_length": ("Canvas length", int, "tokens denoised at once"),
-    "block_length": ("Block length", int, "= canvas length: one block"),
-    "algorithm": ("Algorithm", ALGORITHMS, "which positions go first"),
+# The sampler fields a form can show, with the form's words for each: its label and the note beside
+# it. Which temperature fields a form shows depends on the model (fields_for).
+_LABELS: dict[str, tuple[str, str]] = {
+    "steps": ("Steps", "per canvas"),
+    "gen_length": ("Canvas length", "tokens denoised at once"),
+    "block_length": ("Block length", "= canvas length: one block"),
+    "algorithm": ("Algorithm", "which positions go first"),
     # Fast-dLLM parallel decoding: every position whose top token has at least this probability is
     # committed in the same step
-    "threshold": ("Threshold", float, "commit every token at least this sure"),
-    "temperature": ("Temperature", float, "0 = greedy"),
-    "t_max": ("Temp. start", float, "the first step's temperature"),
-    "t_min": ("Temp. end", float, ""),  # the hint says the schedule the fields make (_default_hint)
-    "cache": ("Cache mode", CACHE_MODES, "KV reuse across steps"),
-    "max_tokens": ("Max tokens", int, "longest answer"),
-    "seed": ("Seed", int, "the same seed repeats an answer"),
+    "threshold": ("Threshold", "commit every token at least this sure"),
+    "temperature": ("Temperature", "0 = greedy"),
+    "t_max": ("Temp. start", "the first step's temperature"),
+    "t_min": ("Temp. end", ""),  # the hint says the schedule the fields make (_default_hint)
+    "cache": ("Cache mode", "KV reuse across steps"),
+    "max_tokens": ("Max tokens", "longest answer"),
+    "seed": ("Seed", "the same seed repeats an answer"),
 }
 
-# what a number field takes, for the message when the text is not a number at all (ranges and the
-# rules between fields are the engine's, from `resolve`)
+
+def _kind(spec: ParamField) -> Any:
+    """What a field's widget takes: its choices (a select), else int or float (a number input)."""
+    return spec.choices or spec.kind
+
+
+# field -> (label, kind, help); kind: int | float | choice list, from the field's row of
+# DiffusionParams.FIELDS (the type and range every reader of settings checks)
+FIELDS: dict[str, tuple[str, Any, str]] = {
+    name: (label, _kind(DiffusionParams.FIELDS[name]), note) for name, (label, note) in _LABELS.items()
+}
+
+
+def _range_words(spec: ParamField) -> str:
+    """A number field's range as the form says it: "a whole number, 1–8192", "a number above 0,
+    at most 1". A bound of ten digits or more (a seed's 2^64 - 1) is no help to read: "or more"."""
+    if spec.kind is int:
+        top = f"–{spec.highest}" if spec.highest is not None and spec.highest < 10**9 else " or more"
+        return f"a whole number, {spec.lo}{top}"
+    if spec.lo_open:
+        return f"a number above {spec.lowest:g}, at most {spec.highest:g}"
+    return f"a number, {spec.lowest:g}–{spec.highest:g}"
+
+
+# what blank or 0 means in a field, where it means something
+_TAKES_NOTES = {"block_length": " (blank: the default)", "threshold": " (blank: the default)",
+                "temperature": " (0 = greedy)"}
+# what a number field takes, for the message when the text is not a number at all (the rules between
+# fields are the engine's, from `resolve`)
 TAKES: dict[str, str] = {
-    "steps": f"a whole number, 1–{MAX_STEPS}",
-    "gen_length": f"a whole number, 1–{MAX_GEN_LENGTH}",
-    "block_length": f"a whole number, 1–{MAX_GEN_LENGTH} (blank: the default)",
-    "threshold": "a number above 0, at most 1 (blank: the default)",
-    "temperature": f"a number, 0–{MAX_SCALE:g} (0 = greedy)",
-    "t_max": f"a number above 0, at most {MAX_SCALE:g}",
-    "t_min": f"a number, 0–{MAX_SCALE:g}",
-    "max_tokens": f"a whole number, 1–{MAX_TOKENS}",
-    "seed": "a whole number, 0 or more",
+    name: _range_words(DiffusionParams.FIELDS[name]) + _TAKES_NOTES.get(name, "")
+    for name, (_label, kind, _help) in FIELDS.items() if kind in (int, float)
 }
 
 

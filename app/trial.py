@@ -4,8 +4,8 @@
 canvas (app/wizard_screen.py): long enough to watch, short enough on a CPU.
 
 - A canvas model (masked diffusion, DiffusionGemma) with a canvas of more than TEST_TOKENS positions
-  gets a canvas of TEST_TOKENS with proportionally fewer steps (a multiple of its number of blocks);
-  a canvas at most that long keeps the chat's settings.
+  gets a canvas of TEST_TOKENS with proportionally fewer steps (a multiple of its number of blocks;
+  param_resolution.short_answer); a canvas at most that long keeps the chat's settings.
 - A block-diffusion model (SDAR, BD3LM) writes block after block: its canvas is one block (4-32
   tokens), always short, but its answer runs to max_tokens (512 by default), which on a CPU is far
   from a short test. Its test answer is TEST_TOKENS tokens, the model's own blocks and steps per block.
@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from dgchat.model_backend.engine_protocol import Engine, served
 from dgchat.model_backend.errors import InvalidParameterError
-from dgchat.model_backend.param_resolution import CONFIG, Layer, resolved_for
+from dgchat.model_backend.param_resolution import CONFIG, Layer, resolved_for, short_answer
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.recording.blocks import block_size_of
 
@@ -37,22 +37,10 @@ def trial_params(engine: Engine, base: DiffusionParams) -> DiffusionParams:
         if not server.is_dgchat:  # it samples with its own settings: only the answer's length is ours
             return engine.resolve(replace(base, max_tokens=TEST_TOKENS))
     full = resolved_for(engine, [Layer.of(CONFIG, base)]).params  # model_backend/param_resolution
-    if block_size_of(engine):
-        # block after block: the canvas is one block already; the answer's length is what to shorten
-        if full.max_tokens is None or full.max_tokens <= TEST_TOKENS:
-            return full
-        try:
-            return engine.resolve(replace(full, max_tokens=TEST_TOKENS))
-        except InvalidParameterError:
-            return full
-    if full.gen_length <= TEST_TOKENS:
+    short = short_answer(full, TEST_TOKENS, block_diffusion=bool(block_size_of(engine)))
+    if not short.values:
         return full
-    gen = TEST_TOKENS
-    block = full.block_length if full.block_length and gen % full.block_length == 0 else None
-    n_blocks = gen // block if block else 1
-    steps = max(n_blocks, min(full.steps, round(full.steps * gen / full.gen_length)))
-    steps -= steps % n_blocks
     try:
-        return engine.resolve(replace(full, gen_length=gen, block_length=block, steps=steps, max_tokens=gen))
+        return engine.resolve(replace(full, **short.values))
     except InvalidParameterError:
         return full

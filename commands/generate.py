@@ -74,9 +74,8 @@ def run(args: argparse.Namespace) -> int:
     urls, api_key = server_choice(args)
     if urls:
         return _run_remote(args, urls[0], api_key)
-    # heavy (llama.cpp's shared library): imported when a local model runs, so that
-    # `dgchat generate --help` and `--server` runs load no llama.cpp
-    from dgchat.model_backend import llamacpp
+    # imported when a local model runs, so that `dgchat generate --help` and `--server` runs load no llama.cpp
+    from dgchat.model_backend import llamacpp  # heavy: llama.cpp's shared library
 
     llamacpp.set_verbose(getattr(args, "verbose", False))
     flags = flag_layer(args)

@@ -100,9 +100,8 @@ def run(args: argparse.Namespace) -> int:
             return 130
         return _write(batches, args, fmt)
 
-    # heavy (llama.cpp's shared library): imported when a local model runs, so that
-    # `dgchat npc --help` and `--server` runs load no llama.cpp
-    from dgchat.model_backend import llamacpp
+    # imported when a local model runs, so that `dgchat npc --help` and `--server` runs load no llama.cpp
+    from dgchat.model_backend import llamacpp  # heavy: llama.cpp's shared library
 
     llamacpp.set_verbose(getattr(args, "verbose", False))
     engine = open_local_engine(resolve_model_path(args.model), n_gpu_layers=args.n_gpu_layers,

@@ -71,9 +71,8 @@ def _token(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # heavy (the HTTP server's stack; then llama.cpp's shared library): imported when the command
-    # runs, so that `dgchat serve --help` loads neither
-    from dgchat.server.app import ServeConfig
+    # imported when the command runs, so that `dgchat serve --help` loads neither the HTTP stack nor llama.cpp
+    from dgchat.server.app import ServeConfig  # heavy: the HTTP server's stack, then llama.cpp's shared library
 
     config = ServeConfig(host=args.host, port=args.port, token=_token(args), max_body=args.max_body,
                          max_queue=args.max_queue, model_id=args.model_id,

@@ -56,9 +56,9 @@ def quantize_gguf(src: Path, out: Path, qtype: str, *, progress=None, n_threads:
     folder = out.parent
     check_space(folder, need)
 
-    # heavy (llama.cpp's shared library): imported when a quantization runs, so that dgchat.convert.api
-    # (and dgchat.hub, which imports it) loads no llama.cpp
-    from dgchat.model_backend import llamacpp
+    # imported when a quantization runs, so that dgchat.convert.api (and dgchat.hub, which imports it)
+    # loads no llama.cpp
+    from dgchat.model_backend import llamacpp  # heavy: llama.cpp's shared library
 
     tmp = partial_path(out)
     done = False

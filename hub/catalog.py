@@ -27,13 +27,11 @@ COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 FAMILIES = ("diffusion_gemma", "llada", "llada_moe", "dream", "rnd1", "block_diffusion", "tiny")
 # a checkpoint's file: a plain name at the top of the repo (what convert() reads from one folder)
 FILE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
-# sampler keys a catalog may recommend (DiffusionParams fields that describe a model, not a run)
-SAMPLER_KEYS: dict[str, type] = {
-    "steps": int, "gen_length": int, "block_length": int, "algorithm": str, "eps": float, "temperature": float,
-    "top_k": int, "top_p": float, "threshold": float, "alg_temp": float, "max_tokens": int, "cache": str,
-    "entropy_bound": float, "t_min": float, "t_max": float, "stability_threshold": int,
-    "confidence_threshold": float, "pad_bias": float,
-}
+# sampler settings a catalog may recommend (DiffusionParams fields that describe a model, not a run);
+# their types and ranges are DiffusionParams.FIELDS'
+SAMPLER_KEYS = ("steps", "gen_length", "block_length", "algorithm", "eps", "temperature", "top_k", "top_p", "threshold",
+                "alg_temp", "max_tokens", "cache", "entropy_bound", "t_min", "t_max", "stability_threshold",
+                "confidence_threshold", "pad_bias")
 _TOP_KEYS = ("schema", "models")
 _ENTRY_KEYS = ("name", "title", "description", "family", "repo", "filename", "revision", "size", "size_exact",
                "sha256", "convert", "context", "rank", "bundled", "quant", "typical_steps", "arch", "sampler",
@@ -441,15 +439,12 @@ def _sampler(raw: Any, where: str) -> dict[str, Any]:
         raise CatalogError(f"{where}: must be a table")
     out: dict[str, Any] = {}
     for key, value in raw.items():
-        typ = SAMPLER_KEYS.get(key)
-        if typ is None:
+        if key not in SAMPLER_KEYS:
             raise CatalogError(f"{where}: unknown key {key!r} (known: {', '.join(SAMPLER_KEYS)})")
-        if typ is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if isinstance(value, bool) or not isinstance(value, typ):
-            what = {int: "an integer", float: "a number", str: "a string"}[typ]
-            raise CatalogError(f"{where}: {key} must be {what} (got {value!r})")
-        out[key] = value
+        spec = DiffusionParams.FIELDS[key]
+        if not spec.has_type(value):
+            raise CatalogError(f"{where}: {key} must be {spec.type_text} (got {value!r})")
+        out[key] = float(value) if spec.kind is float else value
 
     try:
         DiffusionParams(**out).validate()

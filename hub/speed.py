@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from dgchat.hub.machine_profile import MATMUL_TYPES, WIDTHS, DeviceProfile, bytes_per_weight
 from dgchat.model_backend.model_info import inspect_header
+from dgchat.model_backend.param_resolution import family_fallback
 
 if TYPE_CHECKING:
     from dgchat.hub.catalog import CatalogEntry
@@ -439,8 +440,9 @@ def predict(shape: ModelShape, dev: DeviceProfile, *, prompt_tokens: int = PROMP
         r = block_size(shape) / steps if steps else None
         return predict_block_diffusion(shape, dev, prompt_tokens=p, answer_tokens=a, tokens_per_step=r,
                                        device=device, device_name=device_name)
-    limit = _sampler_int(shape, "steps", 48 if shape.family == "diffusion_gemma" else 128)
-    canvas = _sampler_int(shape, "gen_length", 256 if shape.family == "diffusion_gemma" else 128)
+    fallback = family_fallback(shape.family)  # what the engine runs where the catalog names no value
+    limit = _sampler_int(shape, "steps", fallback["steps"])
+    canvas = _sampler_int(shape, "gen_length", fallback["gen_length"])
     per_canvas = float(steps if steps is not None else shape.typical_steps or limit)
     n_canvas = max(1, math.ceil(a / canvas))
     total = 0.0

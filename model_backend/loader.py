@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from dgchat.model_backend import llamacpp
 from dgchat.model_backend.block_diffusion import BlockDiffusionEngine
 from dgchat.model_backend.diffusion_gemma import DiffusionGemmaEngine
 from dgchat.model_backend.engine import DiffusionEngine
@@ -49,3 +50,13 @@ def load_engine(
     info = inspect_header(header)  # refuse unsupported models before llama.cpp loads anything
     return engine_class(info).open(path, header, info, n_gpu_layers=n_gpu_layers, n_threads=n_threads,
                                    progress=progress, precise=precise, rpc_servers=rpc_servers)
+
+
+def load_model(path: str | Path, *, n_threads: int | None = None) -> llamacpp.LlamaModel:
+    """The llama.cpp model at `path`, checked and loaded as `load_engine` loads it, without an engine:
+    for code that decodes with a context of its own (convert/default_model/distill.py's batched teacher),
+    so that it need not reach into an engine for its model. `n_threads` is checked for that context."""
+    check_threads(n_threads, "threads")
+    header = read_gguf_header(path)
+    inspect_header(header)  # refuse unsupported models before llama.cpp loads anything
+    return llamacpp.LlamaModel(path, header=header)

@@ -101,26 +101,19 @@ def _bool(value: Any, default: bool) -> bool:
     return default
 
 
-# the type each recommended default must have in the file (DiffusionParams checks the range)
-_DEFAULT_TYPES: dict[str, type] = {
-    "steps": int, "gen_length": int, "block_length": int, "top_k": int, "stability_threshold": int, "max_tokens": int,
-    "algorithm": str,
-    "threshold": float, "temperature": float, "eps": float, "top_p": float, "entropy_bound": float, "t_min": float,
-    "t_max": float, "confidence_threshold": float, "pad_bias": float,
-}
+# the settings a file may recommend (the values of the key tables above); each must have its
+# DiffusionParams.FIELDS type and range
+_FILE_SETTINGS = frozenset(_DEFAULT_KEYS.values()) | frozenset(_DG_KEYS.values())
 
 
 def _checked_default(header: GgufHeader, key: str, param: str, value: Any) -> Any:
     """A sampler default from the file, type- and range-checked like a user's flag (the same bounds:
     a file must not be able to ask for 4e9 steps or a canvas of a billion tokens)."""
-    want = _DEFAULT_TYPES[param]
-    ok = (isinstance(value, str) if want is str else
-          isinstance(value, int) and not isinstance(value, bool) if want is int else
-          isinstance(value, (int, float)) and not isinstance(value, bool))
-    if not ok:
+    spec = DiffusionParams.FIELDS[param]
+    if not spec.has_type(value):
         raise ModelFileError(f"{header.path.name}: metadata {key} = {value!r:.60} is not a valid {param} "
-                             f"({'an integer' if want is int else 'a number' if want is float else 'a string'} expected)")
-    if want is float and isinstance(value, float) and math.isfinite(value):
+                             f"({spec.type_text} expected)")
+    if spec.kind is float and isinstance(value, float) and math.isfinite(value):
         # GGUF floats are float32: 0.85 reads back as 0.8500000238418579; keep the value that was written
         value = float(f"{value:.7g}")
     try:
@@ -144,7 +137,7 @@ def _check_defaults(header: GgufHeader, defaults: dict[str, Any]) -> None:
         raise ModelFileError(f"{header.path.name}: the file's default canvas of {canvas} tokens over its "
                              f"{vocab_size(header):,}-token vocabulary needs more than 2 GiB of logits a step")
 
-    combined = {k: v for k, v in defaults.items() if k in _DEFAULT_TYPES}
+    combined = {k: v for k, v in defaults.items() if k in _FILE_SETTINGS}
     if combined.get("block_length") and combined.get("gen_length") and combined["block_length"] >= combined["gen_length"]:
         combined.pop("block_length")
     try:

@@ -17,6 +17,12 @@ canvas, `cache = auto` turned into prefix or none, a server's canvas fitted to m
 "default" (DiffusionParams' own field defaults: seed 0, cfg_scale 0, ...). A remote server that
 fills settings by rules of its own reports "server".
 
+Every rule that derives settings from other settings for one kind of run is a named function here
+("derived settings" below): dgchat serve's canvas fitted to max_tokens (`canvas_for_answer`) and its
+infill (`infill_layer`), the setup wizard's test answer (`short_answer`), the drafting screen's
+proposals (`rewrite_layer`, `drafting_steps`, `one_canvas_answer`) and NPC lines (`npc_line_layers`);
+each returns its values as a Layer with their source.
+
 Everything here is a pure function of its arguments: `Layer`s in, `ResolvedParams` out.
 `DiffusionEngine.resolve` (and DiffusionGemma's) delegate to `resolve_params`, so the values that
 win are the engine's; `resolved_for` adds the sources to any engine's own resolve.
@@ -297,8 +303,7 @@ def explain(final: DiffusionParams, layers: Sequence[Layer], info: Any = None, *
     candidates = list(reversed(list(layers)))  # the highest layer first
     if info is not None and getattr(info, "defaults", None) is not None:
         family, from_file = model_layers(info)
-        fallback = {"diffusion_gemma": UNIFORM_FALLBACK, "block_diffusion": BLOCK_FALLBACK}.get(
-            getattr(info, "family", None), MASKED_FALLBACK)
+        fallback = family_fallback(str(getattr(info, "family", "")))
         candidates += [from_file, Layer(FAMILY_DEFAULT, {**fallback, **family.values})]
     sources: dict[str, str] = {}
     for name in _FIELDS:
@@ -334,6 +339,161 @@ def resolved_for(engine: Any, layers: Sequence[Layer], *, precise: tuple[bool, s
         if tracked is not None and tracked.params == final:
             return tracked
     return explain(final, layers, info, precise=precise, unknown=unknown)
+
+
+# -- derived settings ------------------------------------------------------------------------------
+# Every rule that computes settings from other settings for one kind of run lives here, each in a
+# named function. Each returns what it derives as a Layer whose source is DERIVED (an NPC line's
+# defaults: NPC), so that the caller applies it (`replace(params, **layer.values)`) or merges it, and
+# a run's settings can be explained (`explain`) down to the rule that chose them.
+
+def family_fallback(family: str) -> Mapping[str, Any]:
+    """The engine's fallbacks of a family (ModelInfo.family: "diffusion_gemma", "block_diffusion";
+    anything else is masked diffusion) for the values its published settings and file leave unset."""
+    return {"diffusion_gemma": UNIFORM_FALLBACK, "block_diffusion": BLOCK_FALLBACK}.get(family, MASKED_FALLBACK)
+
+
+def proportional_steps(steps: int, canvas: int, model_canvas: int, n_blocks: int = 1, *, round_up: bool) -> int:
+    """The steps for a canvas of `canvas` positions cut from the model's canvas of `model_canvas`
+    positions with `steps` steps: a shorter canvas takes proportionally fewer steps, so each
+    position keeps the share of steps the model's settings give it (the published settings tie the
+    steps to the canvas: LLaDA's generate.py 128 steps for 128 tokens, Dream's steps =
+    max_new_tokens). The share is at least one step and at most the model's.
+
+    With `n_blocks` blocks the count is then a whole multiple of the blocks, at least one a block:
+    LLaDA's semi-autoregressive schedule gives every block steps // num_blocks (generate.py), and
+    `validate` refuses any other count. `round_up`: up to the next multiple (dgchat serve's fitted
+    canvas: an answer keeps at least the model's steps a token); else down (the setup wizard's test
+    answer: at most them, it is meant to be quick)."""
+    share = max(1, min(steps, round(steps * canvas / model_canvas)))
+    if n_blocks <= 1:
+        return share
+    if round_up:
+        return max(n_blocks, -(-share // n_blocks) * n_blocks)
+    share = max(n_blocks, share)
+    return share - share % n_blocks
+
+
+def canvas_for_answer(model: DiffusionParams, max_tokens: int, steps: int | None = None) -> Layer:
+    """A canvas model's canvas fitted to an answer of at most `max_tokens` tokens (dgchat serve's
+    chat and text completions; `model`: the model's resolved canvas, blocks and steps): no longer
+    than needed, rounded up to whole blocks (one block when the answer fits in one: the canvas is
+    just the answer), with proportionally fewer steps rounded up per block (`proportional_steps`)
+    unless `steps` were chosen. Nothing when the answer fills the model's canvas."""
+    canvas = int(model.gen_length)
+    if max_tokens >= canvas:
+        return Layer(DERIVED, {})
+    block = model.block_length if model.block_length and model.block_length < canvas else None
+    if block is not None and max_tokens <= block:
+        block = None  # one block: the canvas is just the answer
+    gen = max_tokens if block is None else min(canvas, -(-max_tokens // block) * block)
+    values: dict[str, Any] = {"gen_length": gen}
+    if steps is None and model.steps:
+        n_blocks = max(1, gen // block) if block else 1
+        values["steps"] = proportional_steps(int(model.steps), gen, canvas, n_blocks, round_up=True)
+    return Layer(DERIVED, values)
+
+
+def short_answer(full: DiffusionParams, tokens: int, *, block_diffusion: bool) -> Layer:
+    """A run's settings (`full`, resolved) cut to an answer of at most `tokens` tokens: the setup
+    wizard's test answer (app/trial.py). Block diffusion writes block after block, its canvas one
+    block already: only the answer's length (max_tokens) is cut. A canvas model's canvas becomes
+    `tokens` positions, its blocks kept where they divide it (else one block), with proportionally
+    fewer steps rounded down per block (`proportional_steps`), and the answer that one canvas.
+    Nothing when the run is that short already."""
+    if block_diffusion:
+        if full.max_tokens is None or full.max_tokens <= tokens:
+            return Layer(DERIVED, {})
+        return Layer(DERIVED, {"max_tokens": tokens})
+    if int(full.gen_length) <= tokens:
+        return Layer(DERIVED, {})
+    block = full.block_length if full.block_length and tokens % full.block_length == 0 else None
+    n_blocks = tokens // block if block else 1
+    steps = proportional_steps(int(full.steps), tokens, int(full.gen_length), n_blocks, round_up=False)
+    return Layer(DERIVED, {"gen_length": tokens, "block_length": block, "steps": steps, "max_tokens": tokens})
+
+
+def one_block(canvas: int, eps: float | None = None) -> dict[str, Any]:
+    """A canvas of `canvas` positions denoised as one block that is the whole answer: a template's
+    canvas (infill, an NPC line's holes), a rewritten span or a chosen length, none of which need be
+    a multiple of the model's blocks. Without a block schedule the timestep schedule runs from 1 to
+    `eps` (Dream's; MASKED_EPS unless one was chosen), as `_resolve_masked` does for a block as long
+    as the canvas."""
+    return {"block_length": None, "eps": eps if eps is not None else MASKED_EPS, "gen_length": canvas,
+            "max_tokens": canvas}
+
+
+def steps_per_position(positions: int) -> int:
+    """Steps for `positions` positions to fill when none were chosen: one a position, every step
+    committing one token (the published settings' ratio: LLaDA 128 steps for 128 tokens, Dream
+    steps = max_new_tokens). dgchat serve's infill and NPC lines."""
+    return max(1, positions)
+
+
+def infill_layer(base: DiffusionParams, canvas: int, to_fill: int, *, uniform_state: bool) -> Layer:
+    """dgchat serve's infill (a completion with a suffix): the template's canvas of `canvas`
+    positions is one block (`one_block`) and, unless steps were chosen, takes one step per position
+    to fill (`steps_per_position`). A uniform-state model (DiffusionGemma) keeps its own steps:
+    its canvas has no masked positions to count, every position is a token from the start."""
+    values = one_block(canvas, base.eps)
+    if base.steps is None and not uniform_state:
+        values["steps"] = steps_per_position(to_fill)
+    return Layer(DERIVED, values)
+
+
+def drafting_steps(span: int, steps: int | None) -> int:
+    """The steps of a drafting proposal over `span` positions: the steps in effect (`steps`: the
+    config's, or a server's model's) but at most one a position, else one a position."""
+    return min(int(steps or span), span)
+
+
+def rewrite_layer(params: DiffusionParams, canvas: int, span: int, *, uniform_state: bool) -> Layer:
+    """The drafting screen's rewrite of a span of `span` positions on a template canvas of `canvas`
+    positions (the span, then the fixed text after it): one block (`one_block`) and, on a masked
+    model, `drafting_steps` of the steps in `params`."""
+    values = one_block(canvas, params.eps)
+    if not uniform_state:
+        values["steps"] = drafting_steps(span, params.steps)
+    return Layer(DERIVED, values)
+
+
+def one_canvas_answer(resolved: DiffusionParams) -> Layer:
+    """An answer kept to one canvas (a drafting proposal is shown whole): max_tokens cut to the
+    canvas length where it is longer."""
+    if resolved.max_tokens and resolved.gen_length and resolved.max_tokens > resolved.gen_length:
+        return Layer(DERIVED, {"max_tokens": resolved.gen_length})
+    return Layer(DERIVED, {})
+
+
+def npc_line_layers(info: Any, card: DiffusionParams, *, canvas: int, to_fill: int, template: bool, seed: int,
+                    bias: tuple[tuple[int, float], ...], temperature: float) -> list[Layer]:
+    """An NPC line's settings as layers, lowest first (the model's own lie below them): NPC
+    defaults under the card's and line's settings (`card`), the canvas, seed and bias over them.
+    `canvas`: the line's canvas (a template's whole canvas), `to_fill`: its positions to generate,
+    `temperature`: the NPC default (greedy decoding would give every variant the same line).
+
+    Masked models: the line is one canvas (one block unless the card sets a block length, then
+    whole blocks), by default one step per position to fill (`steps_per_position`). Uniform-state
+    models (DiffusionGemma) keep their own steps and temperature schedule. Block diffusion (`info`
+    of that family): the canvas is one block of the model's size and the steps are the model's per
+    block, so neither is set; the line's budget is `max_tokens`."""
+    own = Layer.of(CARD, card)
+    if info.block_diffusion:
+        return [Layer(NPC, {"temperature": temperature}), own,
+                Layer(NPC, {"max_tokens": canvas, "seed": seed, "logit_bias": bias})]
+    below: dict[str, Any] = {}  # NPC defaults: the card's own values win
+    above: dict[str, Any] = {}
+    if not info.uniform_state:
+        below["temperature"] = temperature
+        if template or card.block_length is None:
+            # one block over the line: a template's canvas has any length
+            above["block_length"] = None
+            below["eps"] = MASKED_EPS
+        elif canvas % card.block_length:
+            canvas += card.block_length - canvas % card.block_length
+        below["steps"] = steps_per_position(to_fill if template else canvas)
+    above.update(gen_length=canvas, max_tokens=canvas, seed=seed, logit_bias=bias)
+    return [Layer(NPC, below), own, Layer(NPC, above)]
 
 
 # -- seeds -----------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import math
 import numbers
 import os
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from dgchat.model_backend.errors import InvalidParameterError
 
@@ -21,7 +21,12 @@ SOFT_EMBEDDINGS = ("auto", "exact", "top-k")  # DiffusionGemma's self-conditioni
 # published setting (LLaDA: 1,024 steps for 1,024 tokens; DiffusionGemma: 48 steps, canvas 256) and
 # exist so that a number from an untrusted source cannot make a loop or a schedule list run for hours
 # or allocate gigabytes (a GGUF with dgchat.steps = 4e9 did exactly that).
-MAX_STEPS = 8192  # denoising steps per canvas: the block schedule holds one entry per step
+# Denoising steps per canvas (block diffusion: per block). The block schedule holds one entry per
+# step. 8192 = MAX_GEN_LENGTH: one step per position of the longest canvas, the most any published
+# schedule takes (Dream: steps = max_new_tokens; LLaDA: 1,024 steps for 1,024 tokens). `dgchat
+# serve` bounds a request's steps with this same number: a client (the app over a server, dgchat
+# .remote) checks its settings against it before sending them.
+MAX_STEPS = 8192
 MAX_GEN_LENGTH = 8192  # canvas length: tokens decoded in one non-causal batch
 MAX_TOKENS = 1 << 20  # longest answer over all canvases (the context bounds it further)
 MAX_TOP_K = 1 << 22  # larger than any vocabulary llama.cpp loads
@@ -43,9 +48,134 @@ MAX_BIAS = 100.0  # size of one logit bias (logit_bias values, pad_bias), as Ope
 
 
 @dataclass(frozen=True)
+class ParamField:
+    """One DiffusionParams setting as every reader of settings checks it: `validate`, the config
+    file's [sampler] (config.py), the model catalog (hub/catalog.py), a GGUF's recommended defaults
+    (model_info), an API request's `dgchat` object (server/openai_api.py) and the settings form
+    (app/settings_modal.py) all take its type and range from here. Rules between settings (a canvas
+    divisible by its blocks, t_min below t_max, ...) are `DiffusionParams.validate`'s."""
+
+    kind: type  # int, float, str or bool (logit_bias: tuple)
+    help: str  # what the setting does, in a line
+    lo: float | None = None  # the smallest value; None: bounded by `cap` only
+    hi: float | None = None  # the largest value; None: bounded by `cap` only
+    lo_open: bool = False  # `lo` itself is outside the range
+    hi_open: bool = False
+    cap: float | None = None  # a number's largest size |value|: far above any use (see the bounds above)
+    choices: tuple[str, ...] = ()  # a text setting's values
+
+    @property
+    def lowest(self) -> float | None:
+        """The lower end of the range (the cap's negative when only the size is bounded)."""
+        return self.lo if self.lo is not None else (-self.cap if self.cap is not None else None)
+
+    @property
+    def highest(self) -> float | None:
+        """The upper end of the range (the cap when only the size is bounded)."""
+        return self.hi if self.hi is not None else self.cap
+
+    @property
+    def type_text(self) -> str:
+        """The value's type in words: "an integer", "a number", "a string", "true or false"."""
+        return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+            self.kind, "a list of (token id, bias) pairs")
+
+    def has_type(self, value: Any) -> bool:
+        """Whether `value` is of this setting's type (an int is a number; a bool is neither)."""
+        if self.kind is int:
+            return _is_int(value)
+        if self.kind is float:
+            return isinstance(value, numbers.Real) and not isinstance(value, bool)
+        return isinstance(value, self.kind)
+
+    def range_text(self) -> str:
+        """The range of a number in words, as validate's messages say it: ">= 0", "in (0, 1]"."""
+        if self.lo is not None and self.hi is not None:
+            return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+        if self.lo is not None:
+            return f"{'>' if self.lo_open else '>='} {self.lo:g}"
+        if self.hi is not None:
+            return f"{'<' if self.hi_open else '<='} {self.hi:g}"
+        return ""
+
+    @property
+    def what(self) -> str:
+        """What the setting takes, for messages: "a positive integer", "a number in (0, 1]",
+        "one of auto, none, prefix, dual"."""
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        if self.kind is int:
+            return {1: "a positive integer", 0: "an integer >= 0"}.get(self.lo, f"an integer >= {self.lo}")
+        if self.kind is float:
+            return f"a number {self.range_text()}".rstrip()
+        return self.type_text
+
+    def in_range(self, value: Any) -> bool:
+        """Whether a value of the right type lies in the range (choices, lo/hi, the cap)."""
+        if self.choices:
+            return value in self.choices
+        if self.kind not in (int, float):
+            return True
+        if self.cap is not None and abs(value) > self.cap:
+            return False
+        if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
+            return False
+        return self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
+
+
+def _number_field(meaning: str, **bounds: Any) -> ParamField:
+    return ParamField(float, meaning, **{"cap": MAX_SCALE, **bounds})
+
+
+# Every DiffusionParams field, in the dataclass's order (checked below): its type, range and meaning.
+PARAM_FIELDS: dict[str, ParamField] = {
+    "steps": ParamField(int, "denoising steps per canvas (block diffusion: per block)", lo=1, hi=MAX_STEPS),
+    "gen_length": ParamField(int, "canvas length: tokens denoised at once", lo=1, hi=MAX_GEN_LENGTH),
+    "block_length": ParamField(int, "LLaDA-style semi-autoregressive blocks inside the canvas", lo=1,
+                               hi=MAX_GEN_LENGTH),
+    "algorithm": ParamField(str, "which positions are committed first", choices=ALGORITHMS),
+    "eps": _number_field("end of Dream's timestep schedule (t runs from 1 to eps)", lo=0.0, hi=1.0, hi_open=True),
+    "temperature": _number_field("sampling temperature; 0 is greedy", lo=0.0),
+    "top_k": ParamField(int, "sample among the k most likely tokens; 0 is off", lo=0, hi=MAX_TOP_K),
+    "top_p": _number_field("nucleus sampling: the most likely tokens up to this probability", lo=0.0,
+                           lo_open=True, hi=1.0),
+    "cfg_scale": _number_field("classifier-free guidance (an unconditional pass with the prompt masked)",
+                               lo=0.0),
+    "threshold": _number_field("Fast-dLLM: commit every position at least this sure", lo=0.0, lo_open=True,
+                               hi=1.0),
+    "factor": _number_field("Fast-dLLM factor parallel decoding", lo=0.0, lo_open=True),
+    "alg_temp": _number_field("randomness of which positions are committed (Dream's alg_temp)", lo=0.0),
+    "gumbel": ParamField(bool, "llama.cpp's add_gumbel_noise (reference mode)"),
+    "seed": ParamField(int, "the random seed: the same seed repeats an answer", lo=0, hi=MAX_SEED),
+    "max_tokens": ParamField(int, "the longest answer, over as many canvases as it takes", lo=1, hi=MAX_TOKENS),
+    "early_stop": ParamField(bool, "stop at the end token instead of filling every canvas"),
+    "mode": ParamField(str, "reference: token for token what llama.cpp's diffusion example does",
+                       choices=MODES),
+    "cache": ParamField(str, "KV reuse across steps (auto: prefix where the model has KV memory)",
+                        choices=CACHE_MODES),
+    "entropy_bound": _number_field("DiffusionGemma: the entropy a step may commit", lo=0.0, lo_open=True,
+                                   cap=MAX_BUDGET),
+    "t_min": _number_field("DiffusionGemma: the last step's temperature", lo=0.0),
+    "t_max": _number_field("DiffusionGemma: the first step's temperature", lo=0.0, lo_open=True),
+    "stability_threshold": ParamField(int, "DiffusionGemma: steps a position must stay the same to be kept",
+                                      lo=0, hi=MAX_STEPS),
+    "confidence_threshold": _number_field("DiffusionGemma: the mean entropy below which a canvas is done",
+                                          lo=0.0, cap=MAX_BUDGET),
+    "autoregressive": ParamField(bool, "decode left to right with the causal encoder (DiffusionGemma --ar)"),
+    "pad_bias": _number_field("DiffusionGemma: added to the pad token's logit at every step", cap=MAX_BIAS),
+    "logit_bias": ParamField(tuple, "((token id, bias), ...) added to the logits; -100 bans a token"),
+    "sampler_on": ParamField(str, "where each step's vocabulary-wide sampling runs", choices=SAMPLER_PLACES),
+    "soft_embedding": ParamField(str, "DiffusionGemma's self-conditioning embedding", choices=SOFT_EMBEDDINGS),
+}
+
+
+@dataclass(frozen=True)
 class DiffusionParams:
     """How to denoise. Fields left at None take the model's recommended default (GGUF `dgchat.*`
     keys, else the architecture's published defaults); see `ModelInfo.default_params`."""
+
+    # each field's type, range and meaning: what every reader of settings checks (ParamField)
+    FIELDS: ClassVar[dict[str, ParamField]] = PARAM_FIELDS
 
     steps: int | None = None
     gen_length: int | None = None  # canvas length (tokens decoded in parallel)
@@ -110,82 +240,61 @@ class DiffusionParams:
         """Raise InvalidParameterError naming the first bad value (the field as its CLI flag).
 
         Types are checked too (a value may come from JSON, TOML or a model file): integers must be
-        ints (not bools or floats), numbers must be finite."""
+        ints (not bools or floats), numbers must be finite. Each field's type and range are its row
+        of PARAM_FIELDS; the rules between fields follow them."""
 
         def bad(msg: str) -> None:
             raise InvalidParameterError(msg)
 
-        def whole(name: str, value: Any, lo: int, hi: int, what: str) -> None:
-            if value is None:
-                return
-            if not _is_int(value) or value < lo:
-                bad(f"--{name} must be {what} (got {value!r})")
-            if value > hi:
-                bad(f"--{name} must be at most {hi} (got {value!r})")
+        def unset(name: str, spec: ParamField, value: Any) -> bool:
+            # None is "the model's default" for the optional fields; an integer field is never
+            # required to be set (a seed of None is the caller's to fill)
+            return value is None and (name in _OPTIONAL or spec.kind is int)
 
-        def number(name: str, value: Any, *, optional: bool = True) -> float | None:
-            if value is None and optional:
-                return None
-            if not _is_number(value):
-                bad(f"--{name} must be a finite number (got {value!r})")
-            return float(value)
-
-        whole("steps", self.steps, 1, MAX_STEPS, "a positive integer")
-        whole("gen-length", self.gen_length, 1, MAX_GEN_LENGTH, "a positive integer")
-        whole("block-length", self.block_length, 1, MAX_GEN_LENGTH, "a positive integer")
-        whole("max-tokens", self.max_tokens, 1, MAX_TOKENS, "a positive integer")
-        whole("top-k", self.top_k, 0, MAX_TOP_K, "an integer >= 0")
-        whole("stability-threshold", self.stability_threshold, 0, MAX_STEPS, "an integer >= 0")
-        whole("seed", self.seed, 0, MAX_SEED, "an integer >= 0")
-        for name in ("eps", "temperature", "top_p", "threshold", "factor", "entropy_bound", "t_min", "t_max",
-                     "confidence_threshold", "pad_bias"):
-            value = number(name.replace("_", "-"), getattr(self, name))
-            # the entropy bound and confidence threshold are budgets summed over the canvas: 1e6 is a
-            # legitimate "no bound"; no loop or allocation grows with either
-            limit = (MAX_BUDGET if name in ("entropy_bound", "confidence_threshold") else
-                     MAX_BIAS if name == "pad_bias" else MAX_SCALE)
-            if value is not None and abs(value) > limit:
-                bad(f"--{name.replace('_', '-')} must be at most {limit:g} in size (got {value!r})")
-        for name in ("cfg_scale", "alg_temp"):
-            value = number(name.replace("_", "-"), getattr(self, name), optional=False)
-            if abs(value) > MAX_SCALE:
-                bad(f"--{name.replace('_', '-')} must be at most {MAX_SCALE:g} (got {value!r})")
-        for name in ("gumbel", "early_stop", "autoregressive"):
-            if not isinstance(getattr(self, name), bool):
-                bad(f"{name} must be true or false (got {getattr(self, name)!r})")
+        # each field alone, its type and size first: a number from an untrusted source must be
+        # finite and bounded before any rule compares it
+        for name, spec in PARAM_FIELDS.items():
+            value = getattr(self, name)
+            if unset(name, spec, value):
+                continue
+            flag = "--" + name.replace("_", "-")
+            if spec.kind is int:
+                if not _is_int(value) or value < spec.lo:
+                    bad(f"{flag} must be {spec.what} (got {value!r})")
+                if value > spec.hi:
+                    bad(f"{flag} must be at most {spec.hi} (got {value!r})")
+            elif spec.kind is float:
+                if not _is_number(value):
+                    bad(f"{flag} must be a finite number (got {value!r})")
+                if abs(value) > spec.cap:
+                    bad(f"{flag} must be at most {spec.cap:g} in size (got {float(value)!r})")
+            elif spec.kind is bool and not isinstance(value, bool):
+                bad(f"{name} must be true or false (got {value!r})")
         if self.block_length is not None:
             if self.mode == "dgchat" and self.gen_length and self.gen_length % self.block_length:
                 bad(
                     f"canvas length {self.gen_length} is not divisible by block length {self.block_length}"
                 )
-        if self.algorithm is not None and self.algorithm not in ALGORITHMS:
-            bad(f"--algorithm must be one of {', '.join(ALGORITHMS)} (got {self.algorithm!r})")
-        if self.eps is not None and not 0.0 <= self.eps < 1.0:
-            bad(f"--eps must be in [0, 1) (got {self.eps})")
-        if self.temperature is not None and self.temperature < 0:
-            bad(f"--temperature must be >= 0 (got {self.temperature})")
+        # DiffusionGemma's schedule: temperatures run from t_max down to t_min + (t_max - t_min) / steps
+        if self.t_min is not None and self.t_max is not None and not 0 <= self.t_min < self.t_max:
+            bad(f"need 0 <= t_min < t_max (got t_min={self.t_min}, t_max={self.t_max})")
+        if self.t_max is not None and 0 <= self.t_max < MIN_TEMPERATURE:
+            bad(f"--t-max must be at least {MIN_TEMPERATURE:g} (got {self.t_max:g})")
+        if self.t_min is not None and 0 < self.t_min < MIN_TEMPERATURE:
+            bad(f"--t-min must be 0 or at least {MIN_TEMPERATURE:g} (got {self.t_min:g})")
+        # each field's range or choices
+        for name, spec in PARAM_FIELDS.items():
+            value = getattr(self, name)
+            if unset(name, spec, value) or spec.kind not in (int, float, str) or spec.in_range(value):
+                continue
+            flag = "--" + name.replace("_", "-")
+            if spec.choices:
+                bad(f"{flag} must be one of {', '.join(spec.choices)} (got {value!r})")
+            bad(f"{flag} must be {spec.range_text()} (got {value})")
         if self.temperature is not None and 0 < self.temperature < MIN_TEMPERATURE:
             bad(f"--temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g} (got {self.temperature:g})")
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            bad(f"--top-p must be in (0, 1] (got {self.top_p})")
-        if self.cfg_scale < 0:
-            bad(f"--cfg-scale must be >= 0 (got {self.cfg_scale})")
-        if self.threshold is not None and not 0.0 < self.threshold <= 1.0:
-            bad(f"--threshold must be in (0, 1] (got {self.threshold})")
-        if self.factor is not None and self.factor <= 0:
-            bad(f"--factor must be > 0 (got {self.factor})")
         if self.threshold is not None and self.factor is not None:
             bad("--threshold and --factor are alternatives; give one")
-        if self.alg_temp < 0:
-            bad(f"--alg-temp must be >= 0 (got {self.alg_temp})")
-        if self.mode not in MODES:
-            bad(f"--mode must be one of {', '.join(MODES)} (got {self.mode!r})")
-        if self.cache not in CACHE_MODES:
-            bad(f"--cache must be one of {', '.join(CACHE_MODES)} (got {self.cache!r})")
-        if self.sampler_on not in SAMPLER_PLACES:
-            bad(f"--sampler-on must be one of {', '.join(SAMPLER_PLACES)} (got {self.sampler_on!r})")
-        if self.soft_embedding not in SOFT_EMBEDDINGS:
-            bad(f"--soft-embedding must be one of {', '.join(SOFT_EMBEDDINGS)} (got {self.soft_embedding!r})")
         if self.mode == "reference" and (self.threshold is not None or self.factor is not None):
             bad("reference mode reproduces llama.cpp's example, which has no --threshold/--factor")
         if self.mode == "reference" and self.cache not in ("none", "auto"):
@@ -202,15 +311,6 @@ class DiffusionParams:
             if not _is_number(entry[1]) or not -MAX_BIAS <= float(entry[1]) <= MAX_BIAS:
                 bad(f"logit_bias values must be numbers in [-{MAX_BIAS:g}, {MAX_BIAS:g}] "
                     f"(got {entry[1]!r} for token {entry[0]})")
-        if self.entropy_bound is not None and self.entropy_bound <= 0:
-            bad(f"--entropy-bound must be > 0 (got {self.entropy_bound})")
-        if self.t_min is not None and self.t_max is not None and not 0 <= self.t_min < self.t_max:
-            bad(f"need 0 <= t_min < t_max (got t_min={self.t_min}, t_max={self.t_max})")
-        # the schedule's temperatures run from t_max down to t_min + (t_max - t_min) / steps
-        if self.t_max is not None and 0 <= self.t_max < MIN_TEMPERATURE:
-            bad(f"--t-max must be at least {MIN_TEMPERATURE:g} (got {self.t_max:g})")
-        if self.t_min is not None and 0 < self.t_min < MIN_TEMPERATURE:
-            bad(f"--t-min must be 0 or at least {MIN_TEMPERATURE:g} (got {self.t_min:g})")
         if self.steps is not None and self.block_length and self.gen_length and self.mode == "dgchat":
             n_blocks = self.gen_length // self.block_length
             if self.threshold is None and self.factor is None and self.steps % n_blocks:
@@ -229,6 +329,9 @@ def _is_number(value: Any) -> bool:
 
 
 _FIELD_NAMES = {f.name for f in fields(DiffusionParams)}
+_OPTIONAL = frozenset(f.name for f in fields(DiffusionParams) if f.default is None)
+if list(PARAM_FIELDS) != [f.name for f in fields(DiffusionParams)]:  # a new field needs its row
+    raise RuntimeError("PARAM_FIELDS must list every DiffusionParams field, in order")
 
 
 def max_threads() -> int:

@@ -40,7 +40,7 @@ from dgchat.model_backend.engine_protocol import LocalEngine
 from dgchat.model_backend.errors import GenerationCancelled, InvalidParameterError
 from dgchat.model_backend.events import FinalEvent, StepEvent
 from dgchat.model_backend import param_resolution
-from dgchat.model_backend.param_resolution import CARD, NPC, Layer, merge
+from dgchat.model_backend.param_resolution import Layer, merge, npc_line_layers
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.model_backend.requests import CanvasTemplate
 from dgchat.npc.banned import BannedWords
@@ -311,38 +311,16 @@ class NpcGenerator:
 
     def layers_for(self, spec: LineSpec, *, canvas: int, to_fill: int, template: bool,
                    bias: tuple[tuple[int, float], ...]) -> list[Layer]:
-        """A variant's settings as layers, lowest first (model_backend/param_resolution; the model's
-        own settings lie below them): NPC defaults under the card's and line's settings
-        (`spec.params`), the canvas, seed and bias over them. `resolved_for(engine, layers)` names
-        each value's source ("npc" for the NPC layers).
-
-        Masked models: the line is one canvas (one block, unless the card sets a block length), one
-        step per position to fill, temperature DEFAULT_TEMPERATURE (greedy decoding would give
-        every variant the same line).
-        Block diffusion: the canvas is one block of the model's size and the steps are the model's
-        per block, so neither is set here; the line's budget is `max_tokens`. Its published
-        decoding is greedy (temperature 0) too: the NPC layer samples at DEFAULT_TEMPERATURE in
-        the same way unless the card or line sets a temperature, so variants differ."""
-        card = spec.params
-        own = Layer.of(CARD, card)
-        if self.engine.info.block_diffusion:
-            if template:
-                raise TemplateError(NO_TEMPLATES)
-            return [Layer(NPC, {"temperature": DEFAULT_TEMPERATURE}), own,
-                    Layer(NPC, {"max_tokens": canvas, "seed": spec.seed, "logit_bias": bias})]
-        below: dict[str, Any] = {}  # NPC defaults: the card's own values win
-        above: dict[str, Any] = {}
-        if not self.engine.info.uniform_state:
-            below["temperature"] = DEFAULT_TEMPERATURE
-            if template or card.block_length is None:
-                # one block over the line: a template's canvas has any length
-                above["block_length"] = None
-                below["eps"] = 1e-3
-            elif canvas % card.block_length:
-                canvas += card.block_length - canvas % card.block_length
-            below["steps"] = max(1, to_fill if template else canvas)
-        above.update(gen_length=canvas, max_tokens=canvas, seed=spec.seed, logit_bias=bias)
-        return [Layer(NPC, below), own, Layer(NPC, above)]
+        """A variant's settings as layers, lowest first (`param_resolution.npc_line_layers`: NPC
+        defaults under the card's and line's settings, the canvas, seed and bias over them; the
+        model's own settings lie below them). `resolved_for(engine, layers)` names each value's
+        source ("npc" for the NPC layers). The NPC default temperature is DEFAULT_TEMPERATURE on
+        masked and block-diffusion models (greedy decoding would give every variant the same line;
+        block diffusion's published decoding is greedy too)."""
+        if self.engine.info.block_diffusion and template:
+            raise TemplateError(NO_TEMPLATES)
+        return npc_line_layers(self.engine.info, spec.params, canvas=canvas, to_fill=to_fill, template=template,
+                               seed=spec.seed, bias=bias, temperature=DEFAULT_TEMPERATURE)
 
     # -- generation -------------------------------------------------------------------------
     def generate(self, spec: LineSpec, *, progress: ProgressFn | None = None,

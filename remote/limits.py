@@ -19,9 +19,7 @@ MAX_MODELS_BYTES = 4 * MIB  # GET /v1/models: a few KB per model
 MAX_ERROR_BYTES = 64 * KIB  # an error answer: read this much for its message, the rest is not read
 MAX_JSON_BYTES = 4 * MIB  # any other JSON answer not sized by its request (/health, ...)
 MAX_INFILL_BYTES_PER_LINE = 256 * KIB  # /v1/infill: per variant asked for (`n`), plus MAX_JSON_BYTES
-# -- JSON (remote.wire.loads) ---------------------------------------------------------------------
-MAX_DEPTH = 64  # nesting; OpenAI's answers are about 6 levels deep
-MAX_INT_DIGITS = 20  # 2**64 has 20 digits; every integer dgchat reads fits
+# -- JSON (remote.wire.loads): dgchat.strict_json's bounds (nesting 64, integers of 20 digits) ------
 # -- numbers and counts dgchat reads --------------------------------------------------------------
 MAX_VOCAB = 1 << 24  # n_vocab (the largest real vocabularies are about 2**18)
 MAX_CONTEXT = 1 << 24  # context_length / max_model_len

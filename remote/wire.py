@@ -24,8 +24,6 @@ ignored: newer servers may add some. Text quoted from a server in a message goes
 
 from __future__ import annotations
 
-import json
-import math
 import re
 import reprlib
 from dataclasses import dataclass, field, fields
@@ -33,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from dgchat import strict_json
 from dgchat.model_backend.architectures import MAX_ATTENTION_BLOCK
 from dgchat.model_backend.canvas_view import terminal_safe
 from dgchat.model_backend.errors import InvalidParameterError
@@ -78,98 +77,10 @@ def show(value: Any, limit: int = 60) -> str:
 
 # -- strict JSON -----------------------------------------------------------------------------------
 
-def _int(text: str) -> int:
-    digits = len(text.lstrip("-"))
-    if digits > limits.MAX_INT_DIGITS:
-        raise WireError(f"an integer has {digits} digits (at most {limits.MAX_INT_DIGITS})")
-    return int(text)
-
-
-def _float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise WireError(f"the number {text[:40]} is out of range")
-    return value
-
-
-def _constant(name: str) -> Any:
-    raise WireError(f"{name} is not a JSON number")
-
-
-# What only the slow, hook-based parse can check: an integer of 21 digits or more, an exponent of 3
-# digits (1e400 is inf), a \\uD800-\\uDFFF escape (a surrogate, perhaps lone). Most answers have none
-# of them (a canvas is thousands of small integers), and skip a Python call per number.
-_DIGITS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))  # digits as "0", the rest " "
-_EXPONENT = re.compile(rb"[eE][+-]?\d{3}")
-_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
-
-
-def _needs_hooks(data: bytes) -> bool:
-    # bytes.translate and `in` run at C speed; a regex looking for 21 digits at every digit does not
-    return (b"0" * 21 in data.translate(_DIGITS) or _EXPONENT.search(data) is not None
-            or (b"\\u" in data and _SURROGATE.search(data) is not None))
-
-
 def loads(raw: bytes | str) -> Any:
-    """JSON from a server, strictly: UTF-8, nested at most limits.MAX_DEPTH levels (a 100,000-deep
-    document is a WireError, not a RecursionError), integers of at most 20 digits, finite numbers,
-    no lone UTF-16 surrogates in strings (they cannot be written out again)."""
-    if isinstance(raw, (bytes, bytearray, memoryview)):
-        data = bytes(raw)
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise WireError("it is not UTF-8 text") from None
-    else:
-        text = raw
-        data = raw.encode("utf-8", "surrogatepass")
-    slow = _needs_hooks(data)
-    try:
-        if slow:
-            value = json.loads(text, parse_int=_int, parse_float=_float, parse_constant=_constant)
-        else:
-            value = json.loads(text, parse_constant=_constant)
-    except json.JSONDecodeError as exc:
-        raise WireError(f"it is not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
-    except RecursionError:  # the C parser's own depth guard
-        raise WireError(f"it is nested more than {limits.MAX_DEPTH} levels deep") from None
-    _check_tree(value, strings=slow)
-    return value
-
-
-_CONTAINERS = (list, dict)
-
-
-def _check_tree(value: Any, *, strings: bool) -> None:
-    """Depth (and with `strings`, lone surrogates) of a parsed document, without recursion (a deep
-    one cannot overflow this) and without a Python step per number or string of a list."""
-    if not isinstance(value, _CONTAINERS):
-        if strings and isinstance(value, str):
-            _check_strings([value])
-        return
-    stack = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if depth >= limits.MAX_DEPTH:
-            raise WireError(f"it is nested more than {limits.MAX_DEPTH} levels deep")
-        children = list(item.values()) if isinstance(item, dict) else item
-        kinds = set(map(type, children))
-        if strings:
-            if isinstance(item, dict):
-                _check_strings(item.keys())
-            if str in kinds:
-                _check_strings(c for c in children if type(c) is str)
-        if list in kinds or dict in kinds:
-            stack.extend((c, depth + 1) for c in children if type(c) in _CONTAINERS)
-
-
-def _check_strings(strings: Any) -> None:
-    for item in strings:
-        if not item.isascii():
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                raise WireError("a string holds a lone UTF-16 surrogate (\\ud800-\\udfff)") from None
+    """JSON from a server, strictly (dgchat.strict_json: UTF-8, nesting, integer digits, finite numbers,
+    no lone surrogates); anything else is a WireError."""
+    return strict_json.loads(raw, WireError)
 
 
 # -- checked fields -------------------------------------------------------------------------------

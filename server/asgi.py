@@ -32,7 +32,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dgchat.server import strict_json
+from dgchat import strict_json
 from dgchat.server.errors import ApiError
 from dgchat.server.logs import escape
 
@@ -102,10 +102,12 @@ async def read_json(request: Request, max_body: int, timeout: float) -> Any:
     except ClientDisconnect:  # hung up in the middle of its body: nobody to answer
         raise ApiError(499, "the client went away", code="client_closed_request", close=True) from None
     request.scope.setdefault("state", {})["body_read"] = True
-    try:
-        return strict_json.loads(raw)
-    except strict_json.JsonError as exc:
-        raise ApiError(400, str(exc), code="invalid_json") from None
+    return strict_json.loads(raw, _invalid_json, subject="the request body")
+
+
+def _invalid_json(message: str) -> ApiError:
+    """A body that is not JSON the API accepts: a 400 whose message says why."""
+    return ApiError(400, message, code="invalid_json")
 
 
 async def wait_for_disconnect(receive: Receive) -> None:

@@ -22,7 +22,8 @@ from __future__ import annotations
 import codecs
 import math
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -32,8 +33,8 @@ from dgchat.model_backend.engine_protocol import LocalEngine
 from dgchat.model_backend.errors import ContextOverflowError, DgchatError, GenerationCancelled
 from dgchat.model_backend.block_denoiser import NO_INFILL
 from dgchat.model_backend.events import FinalEvent, StepEvent
-from dgchat.model_backend.param_resolution import REQUEST, SERVER, Layer, explain
-from dgchat.model_backend.params import ALGORITHMS, CACHE_MODES, MAX_BIAS, DiffusionParams
+from dgchat.model_backend.param_resolution import REQUEST, SERVER, Layer, canvas_for_answer, explain, infill_layer
+from dgchat.model_backend.params import MAX_BIAS, DiffusionParams
 from dgchat.model_backend.requests import CanvasTemplate
 from dgchat.server.errors import ApiError
 
@@ -56,31 +57,15 @@ _UNSUPPORTED = {
     "audio": (None,),
     "prediction": (None,),
 }
-# The `dgchat` extension: name -> (type, low, high, low excluded, high excluded). Every number is
-# bounded, so no request can ask for a trillion steps or a canvas bigger than the model's context;
-# "ctx" and "vocab" are the served model's context length and vocabulary size.
-MAX_STEPS = 4096
-_DGCHAT_KEYS: dict[str, tuple[type, Any, Any, bool, bool]] = {
-    "steps": (int, 1, MAX_STEPS, False, False),
-    "gen_length": (int, 1, "ctx", False, False),
-    "block_length": (int, 1, "ctx", False, False),
-    "top_k": (int, 0, "vocab", False, False),
-    "algorithm": (str, None, None, False, False),
-    "cache": (str, None, None, False, False),
-    "alg_temp": (float, 0.0, 10.0, False, False),
-    "threshold": (float, 0.0, 1.0, True, False),
-    "factor": (float, 0.0, 100.0, True, False),
-    "cfg_scale": (float, 0.0, 100.0, False, False),
-    "eps": (float, 0.0, 1.0, False, True),
-    "entropy_bound": (float, 0.0, 1000.0, True, False),
-    "t_min": (float, 0.0, 10.0, False, False),
-    "t_max": (float, 0.0, 10.0, False, False),
-    "pad_bias": (float, -MAX_BIAS, MAX_BIAS, False, False),
-    "canvas": (bool, None, None, False, False),
-    "final": (bool, None, None, False, False),
-}
+# The `dgchat` extension: the sampler settings a request may set, each type- and range-checked by its
+# row of DiffusionParams.FIELDS (the bounds every reader of settings uses: no request can ask for a
+# trillion steps), and a canvas or top_k bounded further by the served model's context length and
+# vocabulary; then the response options.
+REQUEST_FIELDS = ("steps", "gen_length", "block_length", "top_k", "algorithm", "cache", "alg_temp", "threshold",
+                  "factor", "cfg_scale", "eps", "entropy_bound", "t_min", "t_max", "pad_bias")
 # keys of the extension that are about the response, not the sampler
 STREAM_KEYS = ("canvas", "final")
+_DGCHAT_KEYS = (*REQUEST_FIELDS, *STREAM_KEYS)
 # alg_temp draws positions from softmax(confidence / alg_temp): a tiny one underflows every weight
 # but the largest to 0, and the draw of n positions fails; 0 selects deterministically instead
 MIN_ALG_TEMP = 0.05
@@ -172,6 +157,10 @@ def parse_logit_bias(body: dict, n_vocab: int) -> tuple[tuple[int, float], ...]:
     return tuple(out)
 
 
+def _bound(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
+
+
 def _in_range(value: float, lo: float, hi: float, lo_open: bool, hi_open: bool) -> bool:
     return (lo < value if lo_open else lo <= value) and (value < hi if hi_open else value <= hi)
 
@@ -184,34 +173,38 @@ def parse_dgchat(body: dict, engine: LocalEngine | None = None) -> dict[str, Any
         return {}
     if not isinstance(ext, dict):
         raise bad("`dgchat` must be an object of dgchat sampler settings", "dgchat")
-    model = {"ctx": int(engine.n_ctx_max) if engine is not None else 1 << 20,
-             "vocab": int(engine.n_vocab) if engine is not None else 1 << 24}
+    # a canvas longer than the context, or a top_k over the vocabulary, cannot run on this model
+    model_bound = {"gen_length": int(engine.n_ctx_max) if engine is not None else None,
+                   "block_length": int(engine.n_ctx_max) if engine is not None else None,
+                   "top_k": int(engine.n_vocab) if engine is not None else None}
     out: dict[str, Any] = {}
     for key, value in ext.items():
-        spec = _DGCHAT_KEYS.get(key)
         name = f"dgchat.{key}"
-        if spec is None:
+        if key not in _DGCHAT_KEYS:
             raise bad(f"unknown dgchat setting `{key[:40]}` (known: {', '.join(sorted(_DGCHAT_KEYS))})",
                       f"dgchat.{key[:40]}")
-        kind, lo, hi, lo_open, hi_open = spec
+        spec = DiffusionParams.FIELDS.get(key)
+        kind = spec.kind if spec is not None else bool  # the response options are true or false
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
             raise bad(f"`{name}` must be {'a number' if kind is float else kind.__name__}", name, "invalid_parameter")
-        if kind in (int, float):
-            lo, hi = model.get(lo, lo), model.get(hi, hi)
-            if not _in_range(value, lo, hi, lo_open, hi_open):
-                raise bad(f"`{name}` must be {'above' if lo_open else 'at least'} {lo} and "
-                          f"{'below' if hi_open else 'at most'} {hi} (got {value})", name, "invalid_parameter")
+        if spec is not None and kind in (int, float):
+            lo, hi = spec.lowest, spec.highest
+            if model_bound.get(key) is not None:
+                hi = min(hi, model_bound[key])
+            if not _in_range(value, lo, hi, spec.lo_open, spec.hi_open):
+                raise bad(f"`{name}` must be {'above' if spec.lo_open else 'at least'} {_bound(lo)} and "
+                          f"{'below' if spec.hi_open else 'at most'} {_bound(hi)} (got {value})", name,
+                          "invalid_parameter")
         out[key] = value
     if 0 < out.get("alg_temp", 0) < MIN_ALG_TEMP:
         raise bad(f"`dgchat.alg_temp` must be 0 (off) or at least {MIN_ALG_TEMP}", "dgchat.alg_temp",
                   "invalid_parameter")
-    if "algorithm" in out and out["algorithm"] not in ALGORITHMS:
-        raise bad(f"`dgchat.algorithm` must be one of {', '.join(ALGORITHMS)}", "dgchat.algorithm",
-                  "invalid_parameter")
-    if "cache" in out and out["cache"] not in CACHE_MODES:
-        raise bad(f"`dgchat.cache` must be one of {', '.join(CACHE_MODES)}", "dgchat.cache", "invalid_parameter")
+    for key in ("algorithm", "cache"):
+        choices = DiffusionParams.FIELDS[key].choices
+        if key in out and out[key] not in choices:
+            raise bad(f"`dgchat.{key}` must be one of {', '.join(choices)}", f"dgchat.{key}", "invalid_parameter")
     return out
 
 
@@ -230,21 +223,10 @@ def fit_params(engine: LocalEngine, base: DiffusionParams, max_tokens: int) -> D
     block, whatever the answer's length (the answer ends at max_tokens)."""
     if engine.info.block_diffusion:
         return engine.resolve(replace(base, max_tokens=max_tokens))
-    d = engine.resolve(replace(base, steps=None))  # the model's canvas and blocks (steps are checked below)
-    p = base
-    if base.gen_length is None and max_tokens < int(d.gen_length):
-        block = d.block_length if d.block_length and d.block_length < d.gen_length else None
-        if block is not None and max_tokens <= block:
-            block = None  # one block: the canvas is just the answer
-        gen = max_tokens if block is None else min(int(d.gen_length), -(-max_tokens // block) * block)
-        steps = base.steps
-        if steps is None and d.steps:
-            steps = max(1, round(int(d.steps) * gen / int(d.gen_length)))
-            if block:
-                n_blocks = max(1, gen // block)
-                steps = max(n_blocks, -(-steps // n_blocks) * n_blocks)
-        p = replace(p, gen_length=gen, steps=steps)
-    return engine.resolve(replace(p, max_tokens=max_tokens))
+    model = engine.resolve(replace(base, steps=None))  # the model's canvas and blocks (steps are checked below)
+    # a canvas the request chose stays; else param_resolution.canvas_for_answer fits the model's
+    fitted = canvas_for_answer(model, max_tokens, base.steps).values if base.gen_length is None else {}
+    return engine.resolve(replace(base, **fitted, max_tokens=max_tokens))
 
 
 def default_max_tokens(engine: LocalEngine, base: DiffusionParams, prompt_tokens: int) -> int:
@@ -260,11 +242,10 @@ def default_max_tokens(engine: LocalEngine, base: DiffusionParams, prompt_tokens
 
 
 def infill_params(engine: LocalEngine, base: DiffusionParams, canvas: int, to_fill: int) -> DiffusionParams:
-    """Resolved parameters for a template canvas (one block; by default one position per step)."""
-    p = replace(base, block_length=None, eps=base.eps if base.eps is not None else 1e-3)
-    if p.steps is None and not engine.info.uniform_state:
-        p = replace(p, steps=max(1, to_fill))
-    return engine.resolve(replace(p, gen_length=canvas, max_tokens=canvas))
+    """Resolved parameters for a template canvas (one block; by default one position per step:
+    param_resolution.infill_layer)."""
+    infill = infill_layer(base, canvas, to_fill, uniform_state=engine.info.uniform_state)
+    return engine.resolve(replace(base, **infill.values))
 
 
 def parse_top_p(body: dict) -> float | None:
@@ -463,7 +444,19 @@ def _messages(body: dict) -> list[dict[str, str]]:
     return out
 
 
-def _common(body: dict, engine: LocalEngine, default_max: int | None) -> tuple[DiffusionParams, dict, int, int, int]:
+@dataclass(frozen=True)
+class _Request:
+    """What every generation route reads from its body alike (`_common`)."""
+
+    body: dict
+    base: DiffusionParams  # the request's sampler settings
+    ext: dict[str, Any]  # the `dgchat` extension
+    n: int
+    max_tokens: int | None
+    seed: int
+
+
+def _common(body: dict, engine: LocalEngine, default_max: int | None) -> _Request:
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
     check_unsupported(body)
@@ -477,7 +470,7 @@ def _common(body: dict, engine: LocalEngine, default_max: int | None) -> tuple[D
     base = base_params(body, ext, parse_logit_bias(body, engine.n_vocab))
     if not isinstance(body.get("stream", False), bool):
         raise bad("`stream` must be true or false", "stream")
-    return base, ext, n, max_tokens, seed
+    return _Request(body, base, ext, n, max_tokens, seed)
 
 
 def _requested(body: dict, base: DiffusionParams) -> DiffusionParams:
@@ -511,26 +504,43 @@ def _params_error(exc: DgchatError) -> ApiError:
     return bad(str(exc), code="invalid_parameter")
 
 
+@contextmanager
+def _settings_refusals() -> Iterator[None]:
+    """The engine's refusal of a request's settings (a DgchatError) as a 400 invalid_parameter."""
+    try:
+        yield
+    except ApiError:
+        raise
+    except DgchatError as exc:
+        raise _params_error(exc) from None
+
+
+def _plan(kind: str, request: _Request, engine: LocalEngine, prompt: np.ndarray, first: DiffusionParams,
+          max_tokens: int, template: CanvasTemplate | None = None, echo: str = "") -> GenPlan:
+    """The checked plan of a chat or text completion: the first choice's settings for each of the
+    request's n choices, with seeds seed, seed + 1, ..."""
+    body, ext = request.body, request.ext
+    params = [replace(first, seed=request.seed + i) for i in range(request.n)]
+    canvas = bool(ext.get("canvas", False))
+    plan = GenPlan(kind, prompt, params, parse_stop(body), bool(body.get("stream", False)), _stream_options(body),
+                   canvas, request.seed, max_tokens, template, echo, final=canvas or bool(ext.get("final", False)),
+                   requested=_requested(body, request.base))
+    return _finish_plan(engine, plan)
+
+
 def prepare_chat(body: dict, engine: LocalEngine) -> GenPlan:
     """Validate a /v1/chat/completions body and plan its generation (runs off the event loop)."""
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
     messages = _messages(body)
-    base, ext, n, max_tokens, seed = _common(body, engine, None)
-    try:
+    request = _common(body, engine, None)
+    max_tokens = request.max_tokens
+    with _settings_refusals():
         prompt = engine.chat_prompt(messages)
         if max_tokens is None:
-            max_tokens = default_max_tokens(engine, base, int(prompt.size))
-        first = fit_params(engine, base, max_tokens)
-    except ApiError:
-        raise
-    except DgchatError as exc:
-        raise _params_error(exc) from None
-    params = [replace(first, seed=seed + i) for i in range(n)]
-    plan = GenPlan("chat", prompt, params, parse_stop(body), bool(body.get("stream", False)), _stream_options(body),
-                   bool(ext.get("canvas", False)), seed, max_tokens,
-                   final=bool(ext.get("canvas", False) or ext.get("final", False)), requested=_requested(body, base))
-    return _finish_plan(engine, plan)
+            max_tokens = default_max_tokens(engine, request.base, int(prompt.size))
+        first = fit_params(engine, request.base, max_tokens)
+    return _plan("chat", request, engine, prompt, first, max_tokens)
 
 
 def _prompt_tokens(body: dict, engine: LocalEngine) -> tuple[np.ndarray, str]:
@@ -559,7 +569,8 @@ def prepare_completion(body: dict, engine: LocalEngine) -> GenPlan:
     """Validate a /v1/completions body and plan its generation (runs off the event loop)."""
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
-    base, ext, n, max_tokens, seed = _common(body, engine, COMPLETIONS_DEFAULT_MAX_TOKENS)
+    request = _common(body, engine, COMPLETIONS_DEFAULT_MAX_TOKENS)
+    base, max_tokens = request.base, int(request.max_tokens)  # never None here: 16 by default
     prompt, prompt_text = _prompt_tokens(body, engine)
     suffix = body.get("suffix")
     if suffix is not None and not isinstance(suffix, str):
@@ -571,7 +582,7 @@ def prepare_completion(body: dict, engine: LocalEngine) -> GenPlan:
     if suffix and engine.info.block_diffusion:
         raise bad(f"`suffix` (infill) is not supported by this model, {engine.label}: {NO_INFILL}; send the "
                   "prompt alone to continue it", "suffix", "unsupported_parameter")
-    try:
+    with _settings_refusals():
         if suffix:
             # client text: control-token markers in it stay plain text
             suffix_tokens = engine.tokenize(suffix)
@@ -585,15 +596,7 @@ def prepare_completion(body: dict, engine: LocalEngine) -> GenPlan:
             first = infill_params(engine, replace(base, logit_bias=base.logit_bias + eog), int(tokens.size), max_tokens)
         else:
             first = fit_params(engine, base, max_tokens)
-    except ApiError:
-        raise
-    except DgchatError as exc:
-        raise _params_error(exc) from None
-    params = [replace(first, seed=seed + i) for i in range(n)]
-    plan = GenPlan("text", prompt, params, parse_stop(body), bool(body.get("stream", False)), _stream_options(body),
-                   bool(ext.get("canvas", False)), seed, max_tokens, template, prompt_text if echo else "",
-                   final=bool(ext.get("canvas", False) or ext.get("final", False)), requested=_requested(body, base))
-    return _finish_plan(engine, plan)
+    return _plan("text", request, engine, prompt, first, max_tokens, template, prompt_text if echo else "")
 
 
 def run_plan(plan: GenPlan, engine: LocalEngine, cancel: Any, emit: Callable[[Any], None] | None) -> list[ChoiceResult]:

@@ -28,7 +28,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from dgchat.server.errors import ApiError
 from dgchat.server.logs import escape
-from dgchat.server.strict_json import dumps
+from dgchat.strict_json import dumps
 
 
 class _Connection(h11.Connection):

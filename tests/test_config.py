@@ -141,3 +141,44 @@ def test_atomic_write_replaces_and_leaves_no_temp_files(tmp_path):
     paths.atomic_write_text(target, "two")
     assert target.read_text() == "two"
     assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
+
+
+# -- writing single keys (save_default_model, save_server, save_precise) ------------------------------
+
+
+def test_save_server_sets_replaces_and_removes_the_table_keeping_the_rest(tmp_path):
+    from dgchat.config import save_server
+
+    path = _write(tmp_path, '# mine\ntheme = "dark"\n\n[server]  # the box\nurl = "http://old:1"\napi_key = "old"\n'
+                            '# about the box\n\n[sampler]\nsteps = 8\n')
+    save_server(path, "http://new:2", "k2")
+    config = load_config(path)
+    assert (config.server_url, config.server_api_key, config.sampler) == ("http://new:2", "k2", {"steps": 8})
+    assert "# the box" in path.read_text() and "# about the box" in path.read_text()
+    save_server(path, "http://other:3")  # a key meant for another server is never kept
+    assert (load_config(path).server_url, load_config(path).server_api_key) == ("http://other:3", None)
+    save_server(path, None)
+    text = path.read_text()
+    assert "[server]" not in text and "url" not in text and "# about the box" in text
+    assert load_config(path).sampler == {"steps": 8}
+
+
+def test_save_server_appends_the_table_to_a_new_file(tmp_path):
+    from dgchat.config import CONFIG_HEADER, save_server
+
+    path = tmp_path / "config.toml"
+    save_server(path, "http://box:8765", "secret")
+    assert path.read_text() == CONFIG_HEADER + '\n[server]\nurl = "http://box:8765"\napi_key = "secret"\n'
+    assert path.stat().st_mode & 0o777 == 0o600  # it may hold a key
+
+
+def test_a_key_written_another_way_is_refused_and_the_file_kept(tmp_path):
+    from dgchat.config import save_precise, save_server
+
+    text = 'server.url = "http://a:1"\nengine.precise = true\n'
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError, match=r"declare \('server',\) twice .*, so \[server\] was not written"):
+        save_server(path, "http://b:2")
+    with pytest.raises(ConfigError, match=r", so \[engine\] precise was not written"):
+        save_precise(path, False)
+    assert path.read_text() == text

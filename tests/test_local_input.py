@@ -212,7 +212,7 @@ def test_a_device_is_not_a_config_either(tmp_path):
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_writing_the_config_refuses_a_fifo_there_instead_of_blocking(tmp_path):
     from dgchat.config import ConfigError
-    from dgchat.app.model_ops import save_default_model
+    from dgchat.config import save_default_model
 
     fifo = tmp_path / "config.toml"
     os.mkfifo(fifo)

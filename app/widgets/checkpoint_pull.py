@@ -21,8 +21,9 @@ from pathlib import Path
 
 from dgchat.app import model_ops
 from dgchat.app.confirm_modal import ConfirmModal
-from dgchat.app.model_ops import PHASES, Problem, TransferPanel, progress_text
+from dgchat.app.model_ops import PHASES, Problem, progress_text
 from dgchat.app.widgets.tick_box import TickBox
+from dgchat.app.widgets.transfer_panel import TransferPanel
 from dgchat.hub import DownloadCancelled, Hardware, Progress
 from dgchat.hub.catalog import CatalogEntry
 from dgchat.hub.manager import ModelRow

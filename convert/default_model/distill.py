@@ -41,7 +41,7 @@ from dgchat.convert.default_model.default_model_config import CANVAS_LENGTH
 from dgchat.convert.default_model.plays_data import sha256_of
 from dgchat.convert.default_model.token_windows import Windows
 from dgchat.model_backend import llamacpp
-from dgchat.model_backend.loader import load_engine
+from dgchat.model_backend.loader import load_model
 from dgchat.model_backend.errors import DgchatError
 
 MAX_NEW = CANVAS_LENGTH - 1  # the answer and its <end_of_turn> fill one canvas
@@ -108,18 +108,18 @@ def teacher_answers(model_path: Path, windows, settings: TeacherSettings, *, ind
                     progress=None) -> Iterator[tuple[int, int, np.ndarray | None]]:
     """(window, turn, answer tokens without the end token, or None if it did not end) for every turn
     of the given windows (default: all), by batched left-to-right decoding with llama.cpp."""
-    engine = load_engine(model_path, n_threads=threads)
+    model = load_model(model_path, n_threads=threads)
     try:
-        yield from _answer_all(engine, windows, settings, indices, n_parallel, threads, batch_tokens, progress)
+        yield from _answer_all(model, windows, settings, indices, n_parallel, threads, batch_tokens, progress)
     finally:
-        engine.close()
+        model.close()
 
 
-def _answer_all(engine, windows, settings, indices, n_parallel, threads, batch_tokens, progress):
-    eog = np.zeros(engine.n_vocab, bool)
+def _answer_all(model: llamacpp.LlamaModel, windows, settings, indices, n_parallel, threads, batch_tokens, progress):
+    eog = np.zeros(model.n_vocab, bool)
     eog[[dtok.END_OF_TURN, dtok.EOS]] = True
     per_seq = int(np.diff(windows.seq_offsets).max()) + settings.max_new + 8  # the longest window and an answer
-    ctx = llamacpp.LlamaContext(engine.model, n_ctx=n_parallel * per_seq, max_tokens=batch_tokens,
+    ctx = llamacpp.LlamaContext(model, n_ctx=n_parallel * per_seq, max_tokens=batch_tokens,
                                 n_seq_max=n_parallel, n_threads=threads, per_seq_ctx=per_seq)
     pending = (_Job(int(w), windows.ids(int(w)).astype(np.int32), [int(a) for a, _ in windows.spans(int(w))],
                     settings.seed) for w in (range(len(windows)) if indices is None else indices))

@@ -52,6 +52,8 @@ from typing import Any
 from dgchat import assets
 from dgchat.convert.default_model import plays_data
 from dgchat.convert.default_model.train_default import window_messages
+from dgchat.model_backend.engine import DiffusionEngine
+from dgchat.model_backend.engine_protocol import Engine
 from dgchat.model_backend.loader import load_engine
 from dgchat.model_backend.events import FinalEvent
 from dgchat.model_backend.params import DiffusionParams
@@ -202,7 +204,7 @@ def messages_for(prompt: dict[str, str]) -> list[dict[str, str]]:
 MODES = (("diffusion", False), ("ar", True))
 
 
-def answer_text(engine: Any, tokens: Iterable[int]) -> str:
+def answer_text(engine: Engine, tokens: Iterable[int]) -> str:
     """The answer without any control token (pad, end of turn, mask): only text a reader would see."""
     return engine.detokenize([int(t) for t in tokens if not engine.is_special(int(t))])
 
@@ -237,12 +239,13 @@ def parse_settings(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def measure(engine: Any, prompts: Sequence[dict[str, str]], vocabulary: frozenset[str],
+def measure(engine: DiffusionEngine, prompts: Sequence[dict[str, str]], vocabulary: frozenset[str],
             seeds: Sequence[int] = DEFAULT_SEEDS, *, progress: bool = False,
             diffusion_settings: dict[str, Any] | None = None, modes: Sequence[str] = ("diffusion", "ar"),
             ) -> dict[str, Any]:
     """Answer every prompt with every seed by diffusion and by --ar (model defaults unless
-    `diffusion_settings` overrides the diffusion side); score and time them."""
+    `diffusion_settings` overrides the diffusion side); score and time them. The engine is a local one
+    (load_engine's), not any `Engine`: the report records its thread count."""
     run_modes = [(m, ar) for m, ar in MODES if m in modes]
     scores = {mode: Score() for mode, _ in run_modes}
     tokens = {mode: 0 for mode, _ in run_modes}

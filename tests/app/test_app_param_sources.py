@@ -56,7 +56,7 @@ async def test_model_info_lists_each_setting_with_its_source(home, llada_gguf):
 
 
 def test_save_precise_keeps_the_rest_of_the_file(tmp_path):
-    from dgchat.app.model_ops import save_precise
+    from dgchat.config import save_precise
     from dgchat.config import load_config
 
     path = tmp_path / "config.toml"

@@ -342,10 +342,10 @@ async def test_token_count_follows_answers_versions_and_the_model(home, llada_gg
         # a prompt edited back to an earlier point: counted again, for that shorter conversation
         last_prompt = app.store.messages(screen.chat.id)[-2]
         app.store.add_message(screen.chat.id, "user", "short", version_of=last_prompt.id)
-        screen._render_conversation()
+        screen.transcript.render()
         screen.recount()
         engine = app.session.engine
-        shorter = int(engine.chat_prompt(screen._history_for_model()).size)
+        shorter = int(engine.chat_prompt(screen.answers.history_for_model()).size)
         await wait_for(pilot, lambda: str(label.render()) == f"{shorter:,} / {context:,} tokens", what="the recount")
 
         # another model: its tokenizer and context; 64 tokens cannot take the next 32-token canvas
@@ -354,7 +354,7 @@ async def test_token_count_follows_answers_versions_and_the_model(home, llada_gg
                        what="the small model")
         await wait_for(pilot, lambda: str(label.render()).endswith("/ 64 tokens"), what="the count for the new model")
         small = app.session.engine
-        counted = int(small.chat_prompt(screen._history_for_model()).size)
+        counted = int(small.chat_prompt(screen.answers.history_for_model()).size)
         assert str(label.render()) == f"{counted:,} / 64 tokens"
         assert label.has_class("-full") and not label.has_class("-near")
 
@@ -385,7 +385,7 @@ async def test_a_prompt_sent_while_the_count_runs_is_answered_after_it(home, lla
         screen = app.chat_screen
         label = _tokens_label(screen)
         await wait_for(pilot, lambda: label.has_class("-shown"), what="the first count")
-        assert screen._count_job is None and not app.session.busy
+        assert screen.status_line.count_job is None and not app.session.busy
         screen.notify = lambda message, **kw: notices.append(str(message))  # type: ignore[method-assign]
 
         class SlowCount:
@@ -413,7 +413,7 @@ async def test_a_prompt_sent_while_the_count_runs_is_answered_after_it(home, lla
         await type_text(pilot, "a new question")
         await pilot.press("enter")
         await pilot.pause(0.2)
-        assert screen._pending and screen.generation is None and not notices
+        assert screen.answers.pending and screen.generation is None and not notices
         slow.release.set()
         await wait_for(pilot, lambda: screen.generation is not None or len(app.store.messages(chat.id)) == 4,
                        what="the answer to start")

@@ -321,7 +321,7 @@ async def test_settings_validation_defaults_and_reset(home, llada_gguf):
         await wait_idle(pilot)
         answer = app.store.messages(screen.chat.id)[-1]
         assert answer.meta["params"]["gen_length"] == 64
-        assert screen._history_for_model()[0] == {"role": "system", "content": "You are a herald."}
+        assert screen.answers.history_for_model()[0] == {"role": "system", "content": "You are a herald."}
 
         # reset puts every sampler field back to the defaults; saving then stores no overrides
         await pilot.press("ctrl+o")

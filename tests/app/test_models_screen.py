@@ -347,7 +347,7 @@ async def test_a_failed_pull_leaves_the_screen_whole_and_its_message_stays_with_
     about that model: selecting another one does not show it there, coming back does."""
     from textual.widgets import Button, DataTable, Footer
 
-    from dgchat.app.model_ops import TransferPanel
+    from dgchat.app.widgets.transfer_panel import TransferPanel
 
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
     app = make_app(None)

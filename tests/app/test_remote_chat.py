@@ -9,8 +9,8 @@ import pytest
 from fixtures.app_harness import SIZE, GatedEngine, make_app, setup_home, type_text, wait_for, wait_idle, wait_model
 from fixtures.fake_openai import FakeServer, Reply
 
-from dgchat.app import chat_screen as chat_screen_module
 from dgchat.app import model_source
+from dgchat.app.chat import answering
 from dgchat.app.error_modal import ErrorModal
 from dgchat.app.generation import ChatAnswer
 from dgchat.app.store import Store
@@ -38,7 +38,7 @@ def answers(monkeypatch) -> list[ChatAnswer]:
             super().__init__(*args, **kwargs)
             made.append(self)
 
-    monkeypatch.setattr(chat_screen_module, "ChatAnswer", Recorded)
+    monkeypatch.setattr(answering, "ChatAnswer", Recorded)
     return made
 
 

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from dgchat.app.chat_screen import check_model_file
+from dgchat.app.chat.model_switching import check_model_file
 from dgchat.config import ConfigError, load_config
 from dgchat.app.export import chat_markdown, default_export_dir
 from dgchat.app.model_picker import ModelPicker

@@ -27,8 +27,8 @@ from fixtures.wizard_harness import (
 
 from dgchat.app import session as app_session
 from dgchat.config import load_config
-from dgchat.app.model_ops import TokenModal
-from dgchat.app.wizard_screen import WizardScreen
+from dgchat.app.token_modal import TokenModal
+from dgchat.app.wizard.screen import WizardScreen
 from dgchat.hub import download as dl
 from dgchat.hub.hardware import load_hardware_overrides
 from dgchat.hub.manager import ModelManager
@@ -294,7 +294,7 @@ async def test_no_wizard_when_a_model_is_given(tmp_path, monkeypatch, llada_gguf
 
 
 def test_save_default_model_keeps_the_rest_of_the_config(tmp_path):
-    from dgchat.app.model_ops import save_default_model
+    from dgchat.config import save_default_model
 
     path = tmp_path / "config.toml"
     save_default_model(path, tmp_path / "a model.gguf")

@@ -142,7 +142,7 @@ def test_token_prompt(snap_compare, env, hub):
     hub.gate(DREAM[0], "hf_right_token")
 
     async def asked(pilot):
-        from dgchat.app.model_ops import TokenModal
+        from dgchat.app.token_modal import TokenModal
 
         await download(pilot)
         await wait_for(pilot, lambda: isinstance(pilot.app.screen, TokenModal))

@@ -413,7 +413,7 @@ async def test_the_test_answer_says_what_its_numbers_count(env, size):
     figures. The test's question is shown whole at 60 columns (it was cut)."""
     import re
 
-    from dgchat.app.wizard_screen import TEST_PROMPT
+    from dgchat.app.wizard.ready import TEST_PROMPT
     from dgchat.hub.speed import rate_words
 
     app = make_app(None)

@@ -64,18 +64,19 @@ CANVAS_SHOWN = re.compile(r"step \d+/\d+ · |waiting for the first step")
 
 # -- the child: the app itself, optionally timing its frames ---------------------------------------
 def install_profiler(out: str) -> None:
-    """Time the UI thread's work per live frame: the canvas build (ChatScreen._draw_frame) and the
+    """Time the UI thread's work per live frame: the canvas build (AnswerControl.draw_frame) and the
     screen updates that follow it (Textual's layout, compositor and the driver's write), until the
     next frame. Written to `out` as JSON when the app exits."""
     import atexit
 
+    from dgchat.app.chat.answering import AnswerControl
     from dgchat.app.chat_screen import ChatScreen
     from textual.screen import Screen
 
     frames: list[dict] = []
     state = {"frame": None, "last_draw_cpu": None}
 
-    draw = ChatScreen._draw_frame
+    draw = AnswerControl.draw_frame
 
     def timed_draw(self) -> None:
         canvas = self.canvas
@@ -112,7 +113,7 @@ def install_profiler(out: str) -> None:
         state["last_draw_cpu"] = None
         _orig(self, message)
 
-    ChatScreen._draw_frame = timed_draw
+    AnswerControl.draw_frame = timed_draw
     ChatScreen.on_job_done = job_done
     Screen._on_timer_update = timed_update
     Screen._refresh_layout = timed_layout

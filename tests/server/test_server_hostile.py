@@ -19,6 +19,7 @@ import pytest
 
 from dgchat.model_backend.engine import DiffusionEngine
 from dgchat.model_backend.loader import load_engine
+from dgchat.model_backend.params import MAX_STEPS
 from dgchat.server.app import ServeConfig, ServerThread
 
 CHAT = {"messages": [{"role": "user", "content": "Who goes there?"}], "max_tokens": 8, "seed": 3}
@@ -244,7 +245,7 @@ def test_content_type_must_be_json(server, headers: dict, status: int) -> None:
 
 @pytest.mark.parametrize("field, value, param", [
     ("steps", 1_000_000_000_000, "dgchat.steps"),
-    ("steps", 4097, "dgchat.steps"),
+    ("steps", MAX_STEPS + 1, "dgchat.steps"),
     ("steps", True, "dgchat.steps"),
     ("steps", 2.5, "dgchat.steps"),
     ("gen_length", 10**9, "dgchat.gen_length"),

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from dgchat.model_backend.engine_protocol import Engine, served
+from dgchat.model_backend.engine_protocol import Engine, ServedEngine, served
 from dgchat.model_backend.errors import DgchatError
 from dgchat.model_backend.events import FinalEvent
 from dgchat.model_backend.model_info import BLOCK_DIFFUSION, VARIANT_NAMES
@@ -92,6 +92,12 @@ class DraftPlan:
     # written left to right, block after block (block diffusion): a rewrite is a continuation of the
     # text before the span, `span` tokens long; a continuation is `span` tokens at most
     left_to_right: bool = False
+
+    @property
+    def on_server(self) -> bool:
+        """Planned for a server's model (plan_remote): its prompt is text for the server, and the
+        proposal's text is the server's."""
+        return isinstance(self.prompt, RemotePrompt)
 
 
 class _Vocab:
@@ -257,9 +263,9 @@ def estimate_tokens(text: str) -> int:
 def plan_remote(engine: Engine, request: DraftRequest, base: DiffusionParams) -> DraftPlan:
     """The request for a server's model (see the module docstring): the prompt is a RemotePrompt
     carrying the text (and, for a rewrite, the text after as the completion's suffix)."""
-    server = served(engine)
-    if server is None:
+    if not isinstance(engine, ServedEngine):  # plan() sends only a server's model here
         raise DgchatError("plan_remote needs a server's model")
+    server: ServedEngine = engine
     before = request.before[-REMOTE_BEFORE_CHARS:] or "\n"  # a server refuses an empty prompt
     p = _sampling(engine, base, request.seed)
     if server.is_dgchat and writes_left_to_right(engine):
@@ -270,9 +276,7 @@ def plan_remote(engine: Engine, request: DraftRequest, base: DiffusionParams) ->
         else:
             length = request.length or DEFAULT_CONTINUE_TOKENS
         p = replace(p, max_tokens=max(1, min(MAX_SPAN_TOKENS, length)))
-        plain = DiffusionParams()
-        p = replace(p, **{name: getattr(plain, name) for name in server.unsupported(p)})
-        params = engine.resolve(p)
+        params = engine.resolve(p)  # what this server cannot take is left at its own default
         engine.check_fits(0, params)
         return DraftPlan(request.kind, RemotePrompt(text=before), params, None, int(params.max_tokens),
                          left_to_right=True)
@@ -295,9 +299,7 @@ def plan_remote(engine: Engine, request: DraftRequest, base: DiffusionParams) ->
         if server.is_dgchat:  # one canvas: the proposal is shown whole
             p = replace(p, **one_canvas_answer(engine.resolve(p)).values)
         prompt = RemotePrompt(text=before)
-    plain = DiffusionParams()  # what this server cannot take is left at its own default
-    p = replace(p, **{name: getattr(plain, name) for name in server.unsupported(p)})
-    params = engine.resolve(p)
+    params = engine.resolve(p)  # what this server cannot take is left at its own default
     engine.check_fits(0, params)
     span = int(params.max_tokens or params.gen_length or 0)
     return DraftPlan(request.kind, prompt, params, None, span)
@@ -328,7 +330,7 @@ def clean_text(text: str) -> str:
 def proposal_text(engine: Engine, plan: DraftPlan, final: FinalEvent) -> str:
     """The proposed text: the span's (or the continuation's) bytes, decoded (and cleaned). On a
     server, the server's text (it has cut it at the span, or at the end token)."""
-    if served(engine) is not None:
+    if plan.on_server:
         return clean_text(final.text)
     vocab = vocab_for(engine)
     tokens = np.asarray(final.tokens, dtype=np.int32)

@@ -417,8 +417,7 @@ class DraftingScreen(ToolScreen):
             if job is not None and job.running:
                 done, total = job.progress
                 state = " · stopping…" if job.cancel.is_set() else " · Esc stops"
-                server = served(proposal.engine)
-                if server is not None and not total:  # nothing back from the server yet
+                if proposal.plan is not None and proposal.plan.on_server and not total:  # nothing back yet
                     bar.set_text(f"{what}{size} · seed {request.seed} · waiting for the server…{state}")
                     bar.set_loading(0.0)
                     return

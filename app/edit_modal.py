@@ -3,15 +3,15 @@ earlier prompt and everything after it stay one `[`/`]` away)."""
 
 from __future__ import annotations
 
+from dgchat.app.save_dialog import SaveDialog
 from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static, TextArea
 
 
-class EditModal(ModalScreen[str | None]):
+class EditModal(SaveDialog[str]):
     BINDINGS = [
         Binding("escape", "cancel", "Cancel", id="dialog.cancel"),
         Binding("ctrl+s", "save", "Save & re-run", priority=True, id="edit.save"),
@@ -45,12 +45,3 @@ class EditModal(ModalScreen[str | None]):
             self.query_one("#edit-error", Label).update("the prompt is empty")
             return
         self.dismiss(text)
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "save":
-            self.action_save()
-        else:
-            self.dismiss(None)

@@ -10,19 +10,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from dgchat.app.npc_cards import card_from_form, store_card
+from dgchat.app.save_dialog import SaveDialog
 from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
 from dgchat.npc.cards import CharacterCard, slug
 from dgchat.npc.errors import CardError
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, TextArea
 
 _SPLIT_WORDS = re.compile(r"[,\n]")
 
 
-class CardModal(ModalScreen[CharacterCard | None]):
+class CardModal(SaveDialog[CharacterCard]):
     """Dismisses with the saved card (its `source` set), or None when cancelled."""
 
     BINDINGS = [
@@ -133,12 +133,3 @@ class CardModal(ModalScreen[CharacterCard | None]):
             self.show_error(f"cannot write the card: {exc.strerror or exc}")
             return
         self.dismiss(saved)
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "save":
-            self.action_save()
-        else:
-            self.dismiss(None)

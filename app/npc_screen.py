@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from dgchat.app.breakpoints import WIDTH_BREAKPOINTS
-from dgchat.app.confirm_modal import ConfirmModal
-from dgchat.model_backend import param_resolution
 from dgchat.model_backend.engine_protocol import served
 from dgchat.app.error_modal import ErrorModal
-from dgchat.app.npc_card_modal import CardModal
-from dgchat.app.npc_cards import CardShelf, load_shelf, remove_card
+from dgchat.app.npc_cards import CardShelf
+from dgchat.app.npc_workshop.cards import NpcCards
+from dgchat.app.npc_workshop.line_form import NpcLineForm
 from dgchat.app.paths import short_path
 from dgchat.app.prompt_modal import PromptModal
 from dgchat.app.session import EngineJob
@@ -32,22 +31,17 @@ from dgchat.app.widgets.npc import BatchView, CardList, VariantView
 from dgchat.app.widgets.status_bar import StatusBar
 from dgchat.app.widgets.steady_cursor import steady_cursors_when_headless
 from dgchat.model_backend.errors import DgchatError
-from dgchat.model_backend.params import DiffusionParams
-from dgchat.npc.cards import CharacterCard
-from dgchat.npc.errors import NpcError, TemplateError
+from dgchat.npc.errors import NpcError
 from dgchat.npc.export import build_export, write_export
 from dgchat.npc.generator import (
     LENGTH_PRESETS,
-    MAX_COUNT,
     LineBatch,
     LineSpec,
     NpcGenerator,
     NpcProgress,
 )
 from dgchat.npc.paths import data_dir
-from dgchat.npc.templates import parse_template
 from dgchat.remote.npc_lines import batch_from_infill, infill_body
-from dgchat.terminal_text import one_line
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import (
@@ -71,7 +65,7 @@ def default_export_path() -> Path:
     return data_dir() / "npc" / "exports" / "lines.json"
 
 
-class NpcScreen(ToolScreen):
+class NpcScreen(NpcCards, NpcLineForm, ToolScreen):
     TOOL_NAME = "npc-workshop"
     OWNER = "the NPC workshop"
     TITLE = "NPC workshop"
@@ -226,237 +220,6 @@ class NpcScreen(ToolScreen):
         self.reload_cards()
         self.update_status()
         self.query_one(CardList).focus()
-
-    # -- cards ----------------------------------------------------------------------------------
-    @property
-    def current_card(self) -> CharacterCard | None:
-        return self.query_one(CardList).current
-
-    def reload_cards(self, select: str | None = None) -> None:
-        self.shelf = load_shelf()
-        cards = self.query_one(CardList)
-        current = select or (cards.current.id if cards.current else self._current_card)
-        cards.set_cards(self.shelf.cards, current)
-        errors = self.query_one("#npc-card-errors", Static)
-        if self.shelf.errors:
-            # a card file's problem quotes its path and values: one line each, by the terminal rule
-            errors.update("\n".join(f"⚠ {one_line(e)}" for e in self.shelf.errors))
-            errors.display = True
-        else:
-            errors.display = False
-        hint = "n new · e edit · d delete" if self.shelf.cards else "No characters yet: n (or Ctrl+N) creates one"
-        self.query_one("#npc-cards-hint", Static).update(hint)
-        card = cards.current
-        # the header names the current character: none once the last card is deleted
-        self.sub_title = one_line(card.name, 200) if card is not None else ""
-        self._recheck_form()
-
-    def on_card_list_request(self, event: CardList.Request) -> None:
-        event.stop()
-        if event.action == "new":
-            self.action_new_card()
-        elif event.action == "edit":
-            self._edit(event.card)
-        elif event.action == "delete" and event.card is not None:
-            self._delete(event.card)
-
-    def action_new_card(self) -> None:
-        self._edit(None)
-
-    def action_edit_card(self) -> None:
-        card = self.current_card
-        if card is None:
-            self.notify("No character yet: Ctrl+N creates one.")
-            return
-        self._edit(card)
-
-    def _edit(self, card: CharacterCard | None) -> None:
-        def done(saved: CharacterCard | None) -> None:
-            if saved is not None:
-                self.reload_cards(select=saved.id)
-                self.notify(f"Saved {saved.name} ({self._short(saved.source)})")
-
-        self.app.push_screen(CardModal(card, self.shelf.cards), done)
-
-    def _delete(self, card: CharacterCard) -> None:
-        def done(yes: bool | None) -> None:
-            if not yes:
-                return
-            try:
-                remove_card(card)
-            except (OSError, DgchatError) as exc:
-                self.app.push_screen(ErrorModal("Cannot delete the card", str(exc)))
-                return
-            self.reload_cards()
-
-        where = self._short(card.source) if card.source else "its file"
-        self.app.push_screen(ConfirmModal(f"Delete {card.name}?", f"The card is removed from {where}."), done)
-
-    def action_toggle_cards(self) -> None:
-        """Show or hide the character list. An explicit choice: it then holds at any width (an inline
-        style wins over the `-narrow` rule that hides the list on narrow terminals)."""
-        side = self.query_one("#npc-side")
-        side.display = not side.display
-        if side.display:
-            self.query_one(CardList).focus()
-        else:
-            self._focus_off_hidden_list()
-
-    def _focus_off_hidden_list(self) -> None:
-        """Keys go to the form when the character list is hidden while it had the focus."""
-        focused = self.focused
-        side = self.query_one("#npc-side")
-        if not side.display and (focused is None or side in focused.ancestors):
-            self.query_one("#npc-template", Input).focus()
-
-    def on_resize(self) -> None:
-        # Screen._on_resize has set the width class by now (also when this screen comes back after a
-        # resize under another one); the list may have just been hidden
-        self.call_after_refresh(self._focus_off_hidden_list)
-
-    def on_option_list_option_highlighted(self, event: CardList.OptionHighlighted) -> None:
-        card = self.current_card
-        if card is not None:
-            self._current_card = card.id
-            self.sub_title = one_line(card.name, 200)  # a shared card's name, by the terminal rule
-        self._recheck_form()
-
-    # -- the line form --------------------------------------------------------------------------
-    def on_input_changed(self, event: Input.Changed) -> None:
-        widget_id = event.input.id or ""
-        if widget_id == "npc-template":
-            self._template_changed(event.value)
-        elif widget_id.startswith("npc-var-"):
-            self.var_values[widget_id.removeprefix("npc-var-")] = event.value
-        if widget_id.startswith("npc-"):
-            self._recheck_form()
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        if (event.input.id or "").startswith("npc-"):
-            event.stop()
-            self.action_generate()
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "npc-generate":
-            event.stop()
-            self.action_generate()
-
-    def spec_error(self, message: str, *, from_form: bool = False) -> None:
-        """Name a problem with the line under the form ("" clears it). `from_form`: the form's own
-        problem (build_spec), checked again as the form changes (`_recheck_form`)."""
-        label = self.query_one("#npc-spec-error", Label)
-        label.update(one_line(message))
-        label.set_class(not message, "-empty")
-        self._form_problem = from_form and bool(message)
-
-    def _recheck_form(self) -> None:
-        """A problem that Ctrl+G found in the form is checked again after a change: it goes once fixed
-        (a character created, a variable filled in) or names what is still wrong, instead of staying
-        on screen until the next Ctrl+G. Problems of a run (the server, the model) are left alone."""
-        if not self._form_problem:
-            return
-        try:
-            self.build_spec(fresh_seed=False)
-        except DgchatError as exc:
-            self.spec_error(str(exc), from_form=True)
-            return
-        self.spec_error("")
-
-    def _template_changed(self, source: str) -> None:
-        self.query_one("#npc-length", Select).disabled = bool(source.strip())
-        if not source.strip():
-            self._template_problem("")
-            self._set_slots(())
-            return
-        try:
-            template = parse_template(source)
-        except TemplateError as exc:
-            self._template_problem(str(exc))
-            return
-        self._template_problem("" if template.holes else "the template has no hole ({___}) for the model to fill")
-        self._set_slots(template.slots)
-
-    def _template_problem(self, message: str) -> None:
-        # a template without a problem does not clear what Ctrl+G found elsewhere in the form (no
-        # character, a variable without a value): _recheck_form decides about that
-        if message or not self._form_problem:
-            self.spec_error(message)
-
-    def _set_slots(self, slots: tuple[str, ...]) -> None:
-        if slots == self._slots:
-            return
-        self._slots = slots
-        grid = self.query_one("#npc-vars-grid", Grid)
-        grid.remove_children()
-        widgets = []
-        for name in slots:
-            widgets.append(Label(f"{{{name}}}", classes="npc--var-label", markup=False))
-            widgets.append(Input(self.var_values.get(name, ""), placeholder="value", id=f"npc-var-{name}",
-                                 compact=True))
-        grid.mount_all(widgets)
-        grid.display = bool(slots)
-        self.query_one("#npc-vars-none").display = not slots
-
-    def _int_field(self, widget_id: str, label: str) -> int:
-        raw = self.query_one(f"#{widget_id}", Input).value.strip()
-        try:
-            return int(raw)
-        except ValueError:
-            raise NpcError(f"{label}: enter a whole number (got {raw!r})") from None
-
-    @property
-    def seed_typed(self) -> bool:
-        """Whether the person typed a seed (kept for every batch) rather than leaving the field empty
-        (new seeds for each batch)."""
-        return bool(self.query_one("#npc-seed", Input).value.strip())
-
-    def build_spec(self, *, fresh_seed: bool = True) -> LineSpec:
-        """The form as a LineSpec, validated; NpcError names the problem. With the Seed field empty
-        the spec's seed is newly drawn (`fresh_seed`; False: only checking the form, seed 0)."""
-        card = self.current_card
-        if card is None:
-            raise NpcError("no character: create one first (Ctrl+N)")
-        source = self.query_one("#npc-template", Input).value
-        template = source if source.strip() else None  # kept exactly as typed: its text stays byte-identical
-        variables: dict[str, str] = {}
-        if template is not None:
-            parsed = parse_template(template)
-            for name in parsed.slots:
-                value = self.var_values.get(name, "")
-                if not value:
-                    raise NpcError(f"the variable {{{name}}} has no value")
-                variables[name] = value
-            filled = parsed.fill(variables)
-            if not filled.holes:
-                raise TemplateError("the template has no hole ({___}) for the model to fill")
-        count = self._int_field("npc-count", "Variants")
-        if not 1 <= count <= MAX_COUNT:
-            raise NpcError(f"Variants: 1 to {MAX_COUNT} (got {count})")
-        seed = self._int_field("npc-seed", "Seed") if self.seed_typed else None
-        raw_t = self.query_one("#npc-temperature", Input).value.strip()
-        try:
-            temperature = float(raw_t) if raw_t else None
-        except ValueError:
-            raise NpcError(f"Temp: enter a number (got {raw_t!r})") from None
-        if temperature is not None and not 0 <= temperature <= 5:
-            raise NpcError(f"Temp: 0 to 5 (got {raw_t})")
-        if seed is None:
-            # nobody chose a seed: another Ctrl+G is meant to give other lines (through the module, so
-            # that tests' repeatable draws apply)
-            seed = param_resolution.draw_seed() if fresh_seed else 0
-        spec = LineSpec(
-            card,
-            context=self.query_one("#npc-context", Input).value.strip(),
-            situation=self.query_one("#npc-situation", Input).value.strip(),
-            template=template,
-            variables=variables,
-            length=str(self.query_one("#npc-length", Select).value),
-            count=count,
-            seed=seed,
-            params=DiffusionParams(temperature=temperature),
-        )
-        spec.validate()
-        return spec
 
     # -- generating -----------------------------------------------------------------------------
     def action_generate(self) -> None:

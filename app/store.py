@@ -1,6 +1,7 @@
 """Saved chats: one SQLite file under the platformdirs data dir.
 
-Schema (PRAGMA user_version is the schema version; `_STEPS[i]` upgrades version i to i + 1):
+Schema (PRAGMA user_version is the schema version; app/store_schema.py's `STEPS[i]` upgrades
+version i to i + 1):
 
     chats(id, title, model, system_prompt, params, created_at, updated_at)
         model NULL = the app's default model; params = JSON sampler overrides (unset = model default)
@@ -33,60 +34,58 @@ database's mode) and an existing looser file is tightened; the folder dgchat mak
 Hostile text: every string is made storable (a lone surrogate, which SQLite cannot encode, becomes
 U+FFFD), search text is cleaned and bounded before it reaches FTS5, and a row whose JSON is corrupt
 reads as empty settings instead of stopping the store from opening.
+
+The records and errors live in app/store_records.py, the schema steps in app/store_schema.py and
+search in app/store_search.py; their names are imported here so `from dgchat.app.store import ...`
+keeps working.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import sqlite3
 import stat
 import threading
 import time
-import unicodedata
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dgchat.model_backend.errors import DgchatError
+from dgchat.app.store_records import (
+    DEFAULT_TITLE,
+    HIGHLIGHT_END,
+    HIGHLIGHT_START,
+    STATUSES,
+    Chat,
+    Message,
+    Recording,
+    SearchError,
+    SearchHit,
+    StoreError,
+    json_dict,
+    storable,
+)
+from dgchat.app.store_schema import SCHEMA_VERSION, STEPS
+from dgchat.app.store_search import (
+    CONTROL,
+    MAX_SEARCH_CHARS,
+    MAX_SEARCH_WORDS,
+    clean_search,
+    fold,
+    fts_query,
+    search_saved,
+    search_words,
+)
 
-DEFAULT_TITLE = "New chat"
-STATUSES = ("done", "generating", "stopped", "error")
-HIGHLIGHT_START = "\x02"  # search snippets mark matches with these; the UI turns them into styles
-HIGHLIGHT_END = "\x03"
-
+__all__ = [
+    "DEFAULT_TITLE", "HIGHLIGHT_END", "HIGHLIGHT_START", "MAX_RECORDINGS_BYTES_PER_CHAT", "MAX_SEARCH_CHARS",
+    "MAX_SEARCH_WORDS", "SCHEMA_VERSION", "STATUSES", "Chat", "Message", "Recording", "SearchError", "SearchHit",
+    "Store", "StoreError", "clean_search", "fold", "fts_query", "search_words", "storable",
+]
 
 MAX_RECORDINGS_BYTES_PER_CHAT = 8 << 20  # a chat keeps its newest recordings up to this many bytes
-MAX_SEARCH_CHARS = 500  # a search is a few words; FTS5 query cost grows with the terms
-MAX_SEARCH_WORDS = 32
-_SURROGATE = re.compile("[\ud800-\udfff]")
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
-_WORD = re.compile(r"[^\W_]+")  # letters and digits: what FTS5's unicode61 tokenizer keeps as a word
-
-
-class StoreError(DgchatError):
-    """The chat database cannot be opened or is from a newer dgchat."""
-
-
-class SearchError(StoreError):
-    """The search text cannot be searched for (too long); the message says why."""
-
-
-def storable(text: str) -> str:
-    """`text` as SQLite can store it: lone surrogates (from a paste or a file with bad UTF-8) become U+FFFD."""
-    return _SURROGATE.sub("\ufffd", text) if isinstance(text, str) else text
-
-
-def _json_dict(text: Any) -> dict[str, Any]:
-    """A JSON object column; corrupt or non-object JSON reads as {} (one bad row must not stop the store)."""
-    try:
-        value = json.loads(text or "{}")
-    except (TypeError, ValueError, RecursionError):
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _private_file(path: Path) -> None:
@@ -100,173 +99,6 @@ def _private_file(path: Path) -> None:
                 os.chmod(p, 0o600)
     except OSError:
         pass  # a read-only or foreign file: SQLite's own error says what is wrong
-
-
-@dataclass
-class Chat:
-    id: int
-    title: str
-    model: str | None
-    system_prompt: str
-    params: dict[str, Any]
-    created_at: float
-    updated_at: float
-
-
-@dataclass
-class Message:
-    id: int
-    chat_id: int
-    role: str
-    content: str
-    status: str = "done"
-    meta: dict[str, Any] = field(default_factory=dict)
-    created_at: float = 0.0
-    parent_id: int | None = None  # the message before this one (None: the chat's first)
-    version: int = 1  # which version of its turn this is (1-based, oldest first) ...
-    versions: int = 1  # ... of how many (regenerated answers, edited prompts)
-
-
-@dataclass
-class Recording:
-    """An answer's stored denoising history: `data` None when it was dropped (the chat's bound)."""
-
-    message_id: int
-    data: bytes | None
-    size: int
-
-
-@dataclass
-class SearchHit:
-    chat_id: int
-    chat_title: str
-    message_id: int | None  # None: the chat's title matched
-    role: str
-    snippet: str  # matches wrapped in HIGHLIGHT_START / HIGHLIGHT_END
-    # the turn's versions in which this text matched (1-based, oldest first) and how many the turn
-    # has: versions of one answer that match with the same words are one hit, naming them all
-    matched_versions: tuple[int, ...] = (1,)
-    versions: int = 1
-
-    def versions_text(self) -> str:
-        """'' for a turn with one version; 'version 2/4'; 'versions 1, 3 of 4'."""
-        if self.versions <= 1:
-            return ""
-        if len(self.matched_versions) == 1:
-            return f"version {self.matched_versions[0]}/{self.versions}"
-        return f"versions {', '.join(map(str, self.matched_versions))} of {self.versions}"
-
-
-# -- schema upgrade steps ---------------------------------------------------------------------------
-def _step_1(db: sqlite3.Connection) -> None:
-    """Chats, messages, settings."""
-    db.execute(
-        """CREATE TABLE chats(
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            title TEXT NOT NULL DEFAULT 'New chat',
-            model TEXT,
-            system_prompt TEXT NOT NULL DEFAULT '',
-            params TEXT NOT NULL DEFAULT '{}',
-            created_at REAL NOT NULL,
-            updated_at REAL NOT NULL)"""
-    )
-    db.execute(
-        """CREATE TABLE messages(
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
-            role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
-            content TEXT NOT NULL,
-            status TEXT NOT NULL DEFAULT 'done' CHECK (status IN ('done', 'generating', 'stopped', 'error')),
-            created_at REAL NOT NULL)"""
-    )
-    db.execute("CREATE INDEX messages_by_chat ON messages(chat_id, id)")
-    db.execute("CREATE TABLE settings(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-
-
-def _step_2(db: sqlite3.Connection) -> None:
-    """Per-message metadata, and full-text search over messages (existing rows indexed)."""
-    db.execute("ALTER TABLE messages ADD COLUMN meta TEXT NOT NULL DEFAULT '{}'")
-    db.execute(
-        "CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='messages', content_rowid='id', "
-        "tokenize='unicode61 remove_diacritics 2')"
-    )
-    db.execute(
-        "CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN "
-        "INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content); END"
-    )
-    db.execute(
-        "CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN "
-        "INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content); END"
-    )
-    db.execute(
-        "CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN "
-        "INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content); "
-        "INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content); END"
-    )
-    db.execute("INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')")
-
-
-def _step_3(db: sqlite3.Connection) -> None:
-    """Versions of a turn: each message points at the one before it (parent_id) and `shown` marks
-    the version the conversation uses. Existing chats become a chain in id order, all shown.
-
-    parent_id has no REFERENCES clause on purpose: a self-referencing ON DELETE CASCADE would
-    recurse once per message of a long chat (SQLite stops at 1,000 levels); the store deletes a
-    branch itself (Store.delete_message)."""
-    db.execute("ALTER TABLE messages ADD COLUMN parent_id INTEGER")
-    db.execute("ALTER TABLE messages ADD COLUMN shown INTEGER NOT NULL DEFAULT 1")
-    db.execute(
-        "UPDATE messages SET parent_id = (SELECT MAX(p.id) FROM messages p "
-        "WHERE p.chat_id = messages.chat_id AND p.id < messages.id)"
-    )
-    db.execute("CREATE INDEX messages_by_parent ON messages(chat_id, parent_id, id)")
-
-
-def _step_4(db: sqlite3.Connection) -> None:
-    """Denoising recordings of answers, in their own table so that reading a conversation never
-    reads them. Older answers have none (their replay says so)."""
-    db.execute(
-        """CREATE TABLE recordings(
-            message_id INTEGER PRIMARY KEY REFERENCES messages(id) ON DELETE CASCADE,
-            chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
-            data BLOB,
-            size INTEGER NOT NULL,
-            created_at REAL NOT NULL)"""
-    )
-    db.execute("CREATE INDEX recordings_by_chat ON recordings(chat_id, message_id)")
-
-
-_STEPS: list[Callable[[sqlite3.Connection], None]] = [_step_1, _step_2, _step_3, _step_4]
-SCHEMA_VERSION = len(_STEPS)
-
-
-def clean_search(text: str) -> str:
-    """Search text without NULs, control characters or lone surrogates (FTS5 reads a NUL as the end
-    of the query; SQLite cannot encode a surrogate)."""
-    return _CONTROL.sub(" ", _SURROGATE.sub("", text))
-
-
-def fts_query(text: str) -> str | None:
-    """User text -> an FTS5 query: every word must match, as a prefix; FTS syntax is not exposed
-    (each word is a quoted string; a quote in it is a separator, like any other punctuation, so
-    `sir"king` is two words, not "sirking")."""
-    words = [w.replace('"', " ").strip() for w in clean_search(text).split()]
-    words = [w for w in words if w][:MAX_SEARCH_WORDS]
-    if not words:
-        return None
-    return " ".join(f'"{w}"*' for w in words)
-
-
-def fold(text: str) -> str:
-    """Text as search compares it: case folded and diacritics removed (FTS5's unicode61 tokenizer
-    with remove_diacritics does the same to messages), so café, CAFE and cafe are one word."""
-    decomposed = unicodedata.normalize("NFKD", text.casefold())
-    return "".join(c for c in decomposed if not unicodedata.combining(c))
-
-
-def search_words(text: str) -> list[str]:
-    """The words of a search, folded; punctuation separates words and is never part of one."""
-    return _WORD.findall(fold(clean_search(text)))[:MAX_SEARCH_WORDS]
 
 
 def _pid_of(meta: dict[str, Any]) -> int:
@@ -353,7 +185,7 @@ class Store:
             )
         for version in range(current, target):
             with self._tx() as db:
-                _STEPS[version](db)
+                STEPS[version](db)
                 db.execute(f"PRAGMA user_version = {version + 1}")
 
     def integrity_ok(self) -> bool:
@@ -362,11 +194,11 @@ class Store:
     def recover_interrupted(self) -> int:
         """Answers left 'generating' by a process that died become 'stopped'; returns how many."""
         rows = self._query("SELECT id, meta FROM messages WHERE status = 'generating'")
-        dead = [r["id"] for r in rows if not _pid_alive(_pid_of(_json_dict(r["meta"])))]
+        dead = [r["id"] for r in rows if not _pid_alive(_pid_of(json_dict(r["meta"])))]
         if dead:
             with self._tx() as db:
                 for message_id in dead:
-                    meta = _json_dict(db.execute("SELECT meta FROM messages WHERE id = ?", (message_id,)).fetchone()[0])
+                    meta = json_dict(db.execute("SELECT meta FROM messages WHERE id = ?", (message_id,)).fetchone()[0])
                     meta.pop("pid", None)
                     meta["stop_reason"] = "interrupted"
                     db.execute(
@@ -379,7 +211,7 @@ class Store:
     def _chat(row: sqlite3.Row) -> Chat:
         return Chat(
             id=row["id"], title=row["title"], model=row["model"], system_prompt=row["system_prompt"],
-            params=_json_dict(row["params"]), created_at=row["created_at"], updated_at=row["updated_at"],
+            params=json_dict(row["params"]), created_at=row["created_at"], updated_at=row["updated_at"],
         )
 
     def create_chat(
@@ -427,7 +259,7 @@ class Store:
     def _message(row: sqlite3.Row, version: int = 1, versions: int = 1) -> Message:
         return Message(
             id=row["id"], chat_id=row["chat_id"], role=row["role"], content=row["content"], status=row["status"],
-            meta=_json_dict(row["meta"]), created_at=row["created_at"], parent_id=row["parent_id"],
+            meta=json_dict(row["meta"]), created_at=row["created_at"], parent_id=row["parent_id"],
             version=version, versions=versions,
         )
 
@@ -548,7 +380,7 @@ class Store:
             row = db.execute("SELECT meta, chat_id FROM messages WHERE id = ?", (message_id,)).fetchone()
             if row is None:
                 return  # the chat was deleted meanwhile
-            merged = _json_dict(row["meta"])
+            merged = json_dict(row["meta"])
             merged.pop("pid", None)
             merged.update(meta or {})
             db.execute(
@@ -654,51 +486,8 @@ class Store:
     def search(self, text: str, limit: int = 50) -> list[SearchHit]:
         """Chats whose title contains every word of the text and messages containing every word (as
         prefixes), both ignoring case, diacritics and punctuation. Raises SearchError (one line) for
-        text that cannot be a search; never a raw SQLite error."""
-        text = clean_search(text)
-        if len(text) > MAX_SEARCH_CHARS:
-            raise SearchError(f"search text is too long ({len(text):,} characters; at most {MAX_SEARCH_CHARS})")
-        query = fts_query(text)
-        if query is None:
-            return []
-        hits: list[SearchHit] = []
-        # titles word by word, as the messages are: a title LIKE '%text%' on the whole text kept the
-        # punctuation, and `sir"` found no title "Good sir" that `sir` found
-        words = search_words(text)
-        try:
-            if words:
-                for row in self._query("SELECT id, title FROM chats ORDER BY updated_at DESC"):
-                    title = fold(row["title"])
-                    if all(w in title for w in words):
-                        hits.append(SearchHit(row["id"], row["title"], None, "title", row["title"]))
-                        if len(hits) >= limit:
-                            break
-            rows = self._query(
-                f"SELECT m.id, m.chat_id, m.role, m.parent_id, c.title, "
-                f"snippet(messages_fts, 0, '{HIGHLIGHT_START}', '{HIGHLIGHT_END}', '…', 10) AS snip, "
-                f"(SELECT COUNT(*) FROM messages v WHERE v.chat_id = m.chat_id AND v.parent_id IS m.parent_id "
-                f" AND v.id <= m.id) AS version, "
-                f"(SELECT COUNT(*) FROM messages v WHERE v.chat_id = m.chat_id AND v.parent_id IS m.parent_id) "
-                f" AS versions "
-                f"FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid JOIN chats c ON c.id = m.chat_id "
-                f"WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?",
-                (query, limit * 4),  # room for versions that fold into one hit
-            )
-        except sqlite3.Error as exc:
-            raise SearchError(f"search failed: {exc}") from None
-        same: dict[tuple[int, int | None, str, str], SearchHit] = {}
-        for row in rows:
-            snippet = " ".join(row["snip"].split())
-            key = (row["chat_id"], row["parent_id"], row["role"], snippet)
-            if key in same:  # another version of the same turn, matching with the same words
-                hit = same[key]
-                hit.matched_versions = tuple(sorted({*hit.matched_versions, int(row["version"])}))
-                continue
-            hit = SearchHit(row["chat_id"], row["title"], row["id"], row["role"], snippet,
-                            (int(row["version"]),), int(row["versions"]))
-            same[key] = hit
-            hits.append(hit)
-        return hits[:limit]
+        text that cannot be a search; never a raw SQLite error (app/store_search.py searches)."""
+        return search_saved(self._query, text, limit)
 
     # -- settings -------------------------------------------------------------------------------
     def get_setting(self, key: str, default: Any = None) -> Any:
@@ -719,7 +508,7 @@ class Store:
 
 
 def _title_from(content: str) -> str:
-    line = " ".join(_CONTROL.sub(" ", content).split())
+    line = " ".join(CONTROL.sub(" ", content).split())
     if not line:
         return DEFAULT_TITLE
     return line if len(line) <= 40 else line[:39].rstrip() + "…"

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dgchat.model_backend.engine_protocol import Engine, served
+from dgchat.model_backend.engine_protocol import Engine
 from dgchat.model_backend.errors import InvalidParameterError
 from dgchat.model_backend.param_resolution import CONFIG, Layer, resolved_for, short_answer
 from dgchat.model_backend.params import DiffusionParams
@@ -30,13 +30,10 @@ TEST_TOKENS = 32  # the test answer's canvas (a block model: its length): long e
 def trial_params(engine: Engine, base: DiffusionParams) -> DiffusionParams:
     """The chat's settings (`base`: the config's [sampler] table) for this model, shortened to a test
     answer of at most TEST_TOKENS tokens (see the module docstring)."""
-    server = served(engine)
-    if server is not None:  # the config's settings that this server cannot take stay unset
-        plain = DiffusionParams()
-        base = replace(base, **{n: getattr(plain, n) for n in server.unsupported(base)})
-        if not server.is_dgchat:  # it samples with its own settings: only the answer's length is ours
-            return engine.resolve(replace(base, max_tokens=TEST_TOKENS))
+    # what a server cannot take of the config's settings, its engine's resolve leaves out
     full = resolved_for(engine, [Layer.of(CONFIG, base)]).params  # model_backend/param_resolution
+    if full.gen_length is None:  # no canvas (a server that samples by its own settings): only the length is ours
+        return engine.resolve(replace(base, max_tokens=TEST_TOKENS))
     short = short_answer(full, TEST_TOKENS, block_diffusion=bool(block_size_of(engine)))
     if not short.values:
         return full

@@ -7,7 +7,9 @@ which calls they rely on. Nothing outside model_backend reaches into an engine's
 what they need of its vocabulary (size, end tokens, tokenizer, token text) is here.
 
 `ServedEngine` is an optional capability on top: what a server's model (dgchat.remote.RemoteEngine)
-adds. Screens ask `served(engine)` instead of probing attributes one by one.
+adds. Screens ask `served(engine)` instead of probing attributes one by one, and only where what
+they show differs for a server (its URL, a text-only server's limits): `Engine.resolve` already
+leaves out what a server cannot take, and `Engine.precise` is None where exact mode is the server's.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ class Engine(Protocol):
     def path(self) -> Path: ...
     @property
     def n_ctx_max(self) -> int: ...
+    @property
+    def precise(self) -> bool | None: ...  # exact mode (f32 KV cache, no flash attention); None: a server's choice
+    # unset settings filled by the model's rules; settings this engine cannot take (a server's) dropped
     def resolve(self, params: DiffusionParams | None = None) -> DiffusionParams: ...
     def chat_prompt(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True) -> np.ndarray: ...
     def encode(self, text: str, *, special: bool = False) -> np.ndarray: ...

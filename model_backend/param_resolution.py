@@ -237,16 +237,22 @@ def _resolve_uniform(f: _Filling, family: Layer, from_file: Layer) -> None:
     if f.params.max_tokens is None:
         f.set("max_tokens", max(int(f.params.gen_length), UNIFORM_MIN_MAX_TOKENS), DERIVED)
     p = f.params
-    if p.mode == "reference":
-        raise InvalidParameterError("reference mode reproduces llama.cpp's masked-diffusion example; "
-                                    "DiffusionGemma is uniform-state diffusion")
-    if p.cache not in ("none", "auto"):
-        raise InvalidParameterError("DiffusionGemma always caches its encoder exactly; --cache does not apply")
+    _refuse_masked_modes(p, "DiffusionGemma is uniform-state diffusion",
+                         "DiffusionGemma always caches its encoder exactly")
     if p.cache != "none":
         f.set("cache", "none", DERIVED)  # no masked-diffusion cache: the encoder cache is exact
     if p.block_length is not None or p.threshold is not None or p.factor is not None:
         raise InvalidParameterError("--block-length/--threshold/--factor are masked-diffusion options; "
                                     "DiffusionGemma uses --entropy-bound")
+
+
+def _refuse_masked_modes(p: DiffusionParams, why_not_reference: str, how_it_caches: str) -> None:
+    """Reference mode (llama.cpp's masked-diffusion example) and the masked-diffusion cache modes
+    belong to masked models: another family refuses them, saying what it is and how it caches."""
+    if p.mode == "reference":
+        raise InvalidParameterError(f"reference mode reproduces llama.cpp's masked-diffusion example; {why_not_reference}")
+    if p.cache not in ("none", "auto"):
+        raise InvalidParameterError(f"{how_it_caches}; --cache does not apply")
 
 
 def check_block_flags(block: int, params: DiffusionParams, sources: Mapping[str, str]) -> None:
@@ -274,11 +280,7 @@ def _resolve_block(f: _Filling, family: Layer, from_file: Layer, block: int) -> 
         if value is not None and value != block:
             f.set(name, block, DERIVED)
     p = f.params
-    if p.mode == "reference":
-        raise InvalidParameterError("reference mode reproduces llama.cpp's masked-diffusion example; "
-                                    "this is a block-diffusion model")
-    if p.cache not in ("none", "auto"):
-        raise InvalidParameterError("block diffusion always caches finished blocks exactly; --cache does not apply")
+    _refuse_masked_modes(p, "this is a block-diffusion model", "block diffusion always caches finished blocks exactly")
     if p.cfg_scale or p.alg_temp or (p.algorithm not in (None, "confidence")):
         raise InvalidParameterError("--cfg-scale, --alg-temp and --algorithm are masked-diffusion options; "
                                     "block diffusion commits its most confident positions")

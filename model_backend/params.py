@@ -159,8 +159,9 @@ PARAM_FIELDS: dict[str, ParamField] = {
     "t_max": _number_field("DiffusionGemma: the first step's temperature", lo=0.0, lo_open=True),
     "stability_threshold": ParamField(int, "DiffusionGemma: steps a position must stay the same to be kept",
                                       lo=0, hi=MAX_STEPS),
-    "confidence_threshold": _number_field("DiffusionGemma: the mean entropy below which a canvas is done",
-                                          lo=0.0, cap=MAX_BUDGET),
+    # no lower bound: a negative threshold (the benches' -1) means no canvas ever stops early
+    "confidence_threshold": _number_field("DiffusionGemma: the mean entropy below which a canvas is done "
+                                          "(below 0: never)", cap=MAX_BUDGET),
     "autoregressive": ParamField(bool, "decode left to right with the causal encoder (DiffusionGemma --ar)"),
     "pad_bias": _number_field("DiffusionGemma: added to the pad token's logit at every step", cap=MAX_BIAS),
     "logit_bias": ParamField(tuple, "((token id, bias), ...) added to the logits; -100 bans a token"),

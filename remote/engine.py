@@ -34,7 +34,10 @@ What a server cannot give, and what the app must do instead:
   canvas is one block, steps are per block); other servers, and dgchat models of a family this
   client does not know, report none it can use, so only `max_tokens` is filled. The server has the last
   word: the settings it used come back in `FinalEvent.extra["settings"]`.
-- `path` is not a file: it is `Path(model id)`; `url` says where the model is.
+  Settings the server cannot take (`unsupported()`: vLLM's diffusion settings, the local-only
+  ones) are dropped by `resolve()` and refused by `generate()`.
+- `path` is not a file: it is `Path(model id)`; `url` says where the model is. `precise` is None:
+  exact mode is the server's choice.
 """
 
 from __future__ import annotations
@@ -265,6 +268,11 @@ class RemoteEngine:
     def n_ctx_max(self) -> int:
         return self.info.context_length
 
+    @property
+    def precise(self) -> None:
+        """Exact mode is the server's to choose (dgchat serve --precise); it does not say which."""
+        return None
+
     # -- text -----------------------------------------------------------------------------------
     def chat_prompt(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True) -> RemotePrompt:
         # add_generation_prompt=False is a context count's question: unknown remotely either way
@@ -332,8 +340,12 @@ class RemoteEngine:
         """Unset settings filled as the server's engine fills them. A dgchat server reports its model's
         recommended settings, so this runs the engines' own rules on them (model_backend/
         param_resolution: they read only the model's header facts; the server has the last word on
-        placement, --sampler-on); other servers fill their own defaults, so only max_tokens is set here."""
-        params = params or DiffusionParams()
+        placement, --sampler-on); other servers fill their own defaults, so only max_tokens is set here.
+        Settings this server cannot take (`unsupported`) are left at DiffusionParams' defaults, so
+        callers can pass settings meant for any model (the config's [sampler] table) as they are;
+        `generate` refuses them instead, and a caller whose user chose them (a chat's own settings)
+        asks `unsupported` first to say which."""
+        params = self.without_unsupported(params or DiffusionParams())
         d = self.server_model.details
         if self.is_dgchat and d is not None and d.model_defaults is not None and self.info.family != "remote":
             info = replace(self.info, defaults=dict(d.model_defaults), has_kv_memory=d.has_kv_memory)
@@ -346,6 +358,24 @@ class RemoteEngine:
             params = params.updated(max_tokens=params.gen_length or reported or min(1024, self.n_ctx_max // 2))
         params.validate()
         return params
+
+    def without_unsupported(self, params: DiffusionParams) -> DiffusionParams:
+        """`params` with what this server cannot take back at DiffusionParams' defaults."""
+        bad = self.unsupported(params)
+        if not bad:
+            return params
+        plain = DiffusionParams()
+        return replace(params, **{name: getattr(plain, name) for name in bad})
+
+    def refuse_unsupported(self, params: DiffusionParams) -> None:
+        """Refuse settings this server cannot take, naming their flags (resolve would drop them: an
+        answer asked for with them must not silently run without)."""
+        bad = self.unsupported(params)
+        if bad:
+            where = "dgchat serve has no setting for" if self.is_dgchat else "this server is not a dgchat server; it " \
+                                                                             "has no setting for"
+            raise InvalidParameterError(f"{where} {', '.join(flag(b) for b in bad)} "
+                                        f"({self.url})")
 
     def unsupported(self, params: DiffusionParams) -> list[str]:
         """Settings in `params` that this server cannot take (compared with the defaults)."""
@@ -372,12 +402,7 @@ class RemoteEngine:
         if not isinstance(prompt, RemotePrompt):
             raise InvalidParameterError("a remote engine takes the prompt from its own chat_prompt()/encode() "
                                         "(token ids cannot be sent to a server)")
-        bad = self.unsupported(params)
-        if bad:
-            where = "dgchat serve has no setting for" if self.is_dgchat else "this server is not a dgchat server; it " \
-                                                                             "has no setting for"
-            raise InvalidParameterError(f"{where} {', '.join(flag(b) for b in bad)} "
-                                        f"({self.url})")
+        self.refuse_unsupported(params)
         body: dict[str, Any] = {"model": self.model_id, "n": n, "seed": int(params.seed),
                                 "stream_options": {"include_usage": True}}
         if params.max_tokens is not None:
@@ -407,6 +432,8 @@ class RemoteEngine:
         if template is not None:
             raise InvalidParameterError("a token-level canvas template cannot be sent to a server; use infill() "
                                         "(POST /v1/infill) for line templates")
+        if params is not None:
+            self.refuse_unsupported(params)  # before resolve, which would drop them
         params = self.resolve(params)
         path, body = self.request_body(prompt_tokens, params)  # type: ignore[arg-type]
         for _i, event in self._stream(path, body, 1, cancel):
@@ -422,6 +449,8 @@ class RemoteEngine:
             raise InvalidParameterError("a token-level canvas template cannot be sent to a server; use infill()")
         if not prompts:
             return
+        for p in params:
+            self.refuse_unsupported(p)  # before resolve, which would drop them
         resolved = [self.resolve(p) for p in params]
         first = resolved[0]
         same = all(isinstance(p, RemotePrompt) and p.same_input(prompts[0]) for p in prompts) and all(

@@ -29,7 +29,13 @@ from dgchat.app.widgets.conversation import Conversation
 from dgchat.app.widgets.message import MessageView
 from dgchat.model_backend.engine_protocol import served
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
-from dgchat.model_backend.param_resolution import uses_seed, with_fresh_seed
+from dgchat.model_backend.param_resolution import (
+    CHAT,
+    Layer,
+    merge,
+    uses_seed,
+    with_fresh_seed,
+)
 from dgchat.recording.blocks import block_size_of
 from textual.containers import VerticalScroll
 
@@ -126,11 +132,15 @@ class AnswerControl(ChatPart):
         try:
             # every answer draws its own seed unless the config or the chat fixed one, so that a
             # regenerate gives another answer; the seed is stored with the answer's params
-            params = with_fresh_seed(screen.resolved_params(engine)).params
             server = served(engine)
-            refused = server.unsupported(params) if server is not None else []
-            if refused:  # the chat's own settings (the config's are left out): say which fields
-                raise InvalidParameterError(server_refuses(refused))
+            if server is not None and screen.chat:
+                # the chat's own settings, asked before resolving (which leaves out what a server
+                # cannot take, as it should the config's): a choice of this chat is refused by name
+                own, _sources = merge([Layer.of(CHAT, dict(screen.chat.params))])
+                refused = server.unsupported(own)
+                if refused:
+                    raise InvalidParameterError(server_refuses(refused))
+            params = with_fresh_seed(screen.resolved_params(engine)).params
             conversation = self.store.messages(screen.chat.id)
             replacing = conversation.pop() if conversation and conversation[-1].role == "assistant" else None
             messages = self.history_for_model(conversation)

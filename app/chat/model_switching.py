@@ -8,7 +8,6 @@ the config's [sampler] < the chat's own settings, each value with its source.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,7 +21,6 @@ from dgchat.app.session import Engine, ModelChange
 from dgchat.app.settings_modal import ChatSettings, SettingsModal
 from dgchat.app.store import Chat
 from dgchat.config import save_precise
-from dgchat.model_backend.engine_protocol import served
 from dgchat.model_backend.errors import DgchatError
 from dgchat.model_backend.gguf_file import read_gguf_header
 from dgchat.model_backend.model_info import inspect_header
@@ -114,16 +112,11 @@ class ModelSwitching(ChatPart):
         screen.update_status()
 
     # -- parameters -----------------------------------------------------------------------------
-    def base_params(self, engine: Engine | None = None) -> DiffusionParams:
-        """Config [sampler] defaults (unset fields stay None for the model's defaults). On a server
-        that cannot take some of them (vLLM takes no diffusion settings) those stay unset: the
-        config is for every model, a chat's own settings are not dropped."""
-        params = self.app.config.sampler_params()
-        server = served(engine)
-        if server is not None:
-            plain = DiffusionParams()
-            params = dataclasses.replace(params, **{n: getattr(plain, n) for n in server.unsupported(params)})
-        return params
+    def base_params(self) -> DiffusionParams:
+        """Config [sampler] defaults (unset fields stay None for the model's defaults). What a server
+        cannot take of them (vLLM takes no diffusion settings) its engine's resolve leaves out: the
+        config is for every model. A chat's own settings are refused instead (answering.py)."""
+        return self.app.config.sampler_params()
 
     def default_params(self, engine: Engine) -> DiffusionParams:
         """The model's recommended settings over the config's [sampler] table."""
@@ -136,7 +129,7 @@ class ModelSwitching(ChatPart):
     def resolved_params(self, engine: Engine, *, with_chat: bool = True) -> ResolvedParams:
         """This chat's settings and where each came from (model_backend/param_resolution): the
         model's (family, file) < the config's [sampler] < the chat's own settings."""
-        base = self.base_params(engine)
+        base = self.base_params()
         config = Layer.of(CONFIG, base)
         if "seed" in self.app.config.sampler:  # `seed = 0` there is a choice too (Layer.of drops defaults)
             config = Layer(CONFIG, {**config.values, "seed": base.seed})
@@ -144,10 +137,11 @@ class ModelSwitching(ChatPart):
         chat = self.screen.chat
         if with_chat and chat:
             layers.append(Layer.of(CHAT, dict(chat.params)))
-        if served(engine) is not None:  # the server's model: what no layer set, the server decided
+        engine_precise = engine.precise
+        if engine_precise is None:  # the server's model: what no layer set, the server decided
             return resolved_for(engine, layers, remote=True)
         config_precise = self.app.config.precise
-        precise = (bool(getattr(engine, "precise", False)), CONFIG if config_precise is not None else DEFAULT)
+        precise = (engine_precise, CONFIG if config_precise is not None else DEFAULT)
         return resolved_for(engine, layers, precise=precise)
 
     # -- the settings dialog --------------------------------------------------------------------
@@ -289,11 +283,13 @@ class ModelSwitching(ChatPart):
             screen.notify(str(exc), severity="error")
             return
         config.precise = precise
-        served_now = served(self.session.engine) is not None
+        engine = self.session.engine
+        servers_choice = engine is not None and engine.precise is None  # a server's model: not ours to set
         screen.notify(("Precise mode on: f32 KV cache, no flash attention." if precise else
                        "Precise mode off: f16 KV cache, flash attention on auto.")
-                      + (" A server's model runs as the server says (dgchat serve --precise)." if served_now else ""))
-        if not served_now and not screen.refuse_while_answering():
+                      + (" A server's model runs as the server says (dgchat serve --precise)." if servers_choice
+                         else ""))
+        if not servers_choice and not screen.refuse_while_answering():
             self.reload_model()
 
     def model_info(self) -> None:

@@ -28,8 +28,8 @@ class ChatPart:
 
     @property
     def store(self) -> Store:
-        return self.app.store
+        return self.screen.store
 
     @property
     def session(self) -> ModelSession:
-        return self.app.session
+        return self.screen.session

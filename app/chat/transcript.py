@@ -103,11 +103,9 @@ class Transcript(ChatPart):
         self.screen.notify(result.notice, timeout=6)
 
     def copy_last(self) -> None:
-        last = self.last("assistant")
-        if last is None:
-            self.screen.notify("No answer to copy yet.")
-            return
-        self.copy_message(last)
+        last = self.last_or_say("assistant", "No answer to copy yet.")
+        if last is not None:
+            self.copy_message(last)
 
     def regenerate_message(self, message: Message) -> None:
         """`r` on an answer: only the last one has a prompt to answer again as it stands."""
@@ -118,11 +116,16 @@ class Transcript(ChatPart):
         self.screen.answers.regenerate()
 
     def edit_last(self) -> None:
-        last = self.last("user")
+        last = self.last_or_say("user", "No prompt to edit yet.")
+        if last is not None:
+            self.edit_message(last)
+
+    def last_or_say(self, role: str, nothing: str) -> Message | None:
+        """The conversation's last message of `role`, or None after telling the person `nothing`."""
+        last = self.last(role)
         if last is None:
-            self.screen.notify("No prompt to edit yet.")
-            return
-        self.edit_message(last)
+            self.screen.notify(nothing)
+        return last
 
     def edit_message(self, message: Message) -> None:
         """Edit a prompt and re-run from it: the edited prompt is a new version of that turn; the

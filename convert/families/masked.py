@@ -147,15 +147,13 @@ def write_arch_kv(plan: GGUFPlan, arch: str, hp: Hparams, *, non_causal: bool = 
     `non_causal=False`, is a causal LM until the engine switches attention). `explicit_head_dim`:
     write the head size even where it is n_embd / n_head (the config named it)."""
     a = arch
-    plan.u32(f"{a}.context_length", hp.context_length)
-    plan.u32(f"{a}.embedding_length", hp.hidden)
-    plan.u32(f"{a}.block_count", hp.n_layer)
-    plan.u32(f"{a}.feed_forward_length", hp.ff)
-    plan.u32(f"{a}.attention.head_count", hp.n_head)
-    plan.u32(f"{a}.attention.head_count_kv", hp.n_head_kv)
+    for key, value in (("context_length", hp.context_length), ("embedding_length", hp.hidden),
+                       ("block_count", hp.n_layer), ("feed_forward_length", hp.ff),
+                       ("attention.head_count", hp.n_head), ("attention.head_count_kv", hp.n_head_kv)):
+        plan.u32(f"{a}.{key}", value)
     if explicit_head_dim or hp.head_dim * hp.n_head != hp.hidden:  # llama.cpp's default: n_embd / n_head
-        plan.u32(f"{a}.attention.key_length", hp.head_dim)
-        plan.u32(f"{a}.attention.value_length", hp.head_dim)
+        for key in ("attention.key_length", "attention.value_length"):
+            plan.u32(f"{a}.{key}", hp.head_dim)
     plan.u32(f"{a}.rope.dimension_count", hp.head_dim)
     plan.f32(f"{a}.rope.freq_base", hp.rope_theta)
     plan.f32(f"{a}.attention.layer_norm_rms_epsilon", hp.rms_eps)

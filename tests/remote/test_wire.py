@@ -129,6 +129,11 @@ def test_remote_engine_on_a_vllm_server_streams_text_only() -> None:
         assert engine.unsupported(DiffusionParams(steps=8, seed=1)) == ["steps"]
         with pytest.raises(Exception, match="not a dgchat server.*--steps"):
             list(engine.generate(prompt, DiffusionParams(steps=8)))
+        # resolve leaves them out (settings meant for any model, as the config's), keeping the rest
+        resolved = engine.resolve(DiffusionParams(steps=8, gen_length=64, temperature=0.5, max_tokens=4))
+        assert (resolved.steps, resolved.gen_length, resolved.temperature, resolved.max_tokens) == (None, None, 0.5, 4)
+        assert engine.unsupported(resolved) == []
+        assert engine.precise is None  # exact mode is the server's choice
         with pytest.raises(NoInfillEndpoint, match=r"has no infill endpoint \(POST /v1/infill answered 404\)"):
             engine.infill({"template": "Halt, {___}!"})
         with pytest.raises(Exception, match="template"):

@@ -567,3 +567,16 @@ def _strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
                 if len(component) > 1:
                     found.append(component)
     return found
+
+
+def test_every_subpackage_is_installed() -> None:
+    """pyproject.toml lists the packages setuptools installs (the repository root is `dgchat`): a new
+    folder left out works in a checkout and is missing from `pip install .` (CI's install)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"])
+    skipped = {"tests", "engine", "build", ".venv"}
+    found = {"dgchat." + ".".join(init.parent.relative_to(ROOT).parts) if init.parent != ROOT else "dgchat"
+             for init in ROOT.rglob("__init__.py")
+             if not skipped & set(init.relative_to(ROOT).parts) and "site-packages" not in init.parts}
+    assert found <= listed, "add to pyproject.toml's [tool.setuptools] packages: " + ", ".join(sorted(found - listed))

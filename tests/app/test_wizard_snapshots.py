@@ -150,7 +150,9 @@ def test_token_prompt(snap_compare, env, hub):
     assert snap_compare(make_app(None), terminal_size=SIZE, run_before=_steps(_to_dream, asked))
 
 
-def test_ready_live_test_generation(snap_compare, env, monkeypatch):
+def _bundled_test_held_at_step_3(monkeypatch):
+    """The ready step's test answer on the bundled model, held at its third denoising step (every
+    model load is wrapped in a GatedEngine): a run_before step after the model step."""
     held: list[GatedEngine] = []
 
     def load(path, **kwargs):
@@ -170,7 +172,12 @@ def test_ready_live_test_generation(snap_compare, env, monkeypatch):
         wiz.canvas.replan()
         await pilot.pause()
 
-    assert snap_compare(make_app(None), terminal_size=SIZE, run_before=_steps(_to_models, bundled_and_hold))
+    return bundled_and_hold
+
+
+def test_ready_live_test_generation(snap_compare, env, monkeypatch):
+    assert snap_compare(make_app(None), terminal_size=SIZE,
+                        run_before=_steps(_to_models, _bundled_test_held_at_step_3(monkeypatch)))
 
 
 def test_models_screen(snap_compare, env):
@@ -268,23 +275,5 @@ def test_no_network_connection_60x20(snap_compare, env, monkeypatch):
 def test_ready_small(snap_compare, env, monkeypatch, size):
     """The ready step at 80x24 and 60x20 with the bundled model (the download step marked skipped,
     not done), the test held at step 3: the question whole, the path broken after a '/'."""
-    held: list[GatedEngine] = []
-
-    def load(path, **kwargs):
-        from dgchat.model_backend.loader import load_engine
-
-        held.append(GatedEngine(load_engine(path, **kwargs), hold_at=3))
-        return held[-1]
-
-    monkeypatch.setattr(app_session, "load_engine", load)
-
-    async def bundled_and_hold(pilot):
-        wiz = wizard(pilot.app)
-        await press(pilot, "#wiz-bundled")
-        await wait_for(pilot, lambda: held and held[0].holding.is_set(), what="the held step")
-        await wait_for(pilot, lambda: wiz.canvas is not None and wiz.canvas.event is not None
-                       and wiz.canvas.event.step == 3, what="the canvas at step 3")
-        wiz.canvas.replan()
-        await pilot.pause()
-
-    assert snap_compare(make_app(None), terminal_size=size, run_before=_steps(_to_models, bundled_and_hold))
+    assert snap_compare(make_app(None), terminal_size=size,
+                        run_before=_steps(_to_models, _bundled_test_held_at_step_3(monkeypatch)))

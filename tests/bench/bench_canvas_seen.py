@@ -29,21 +29,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pty
 import re
 import sqlite3
 import statistics
-import struct
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from fixtures.app_pty import Terminal  # noqa: E402
 from fixtures.terminal_screen import TerminalScreen  # noqa: E402
 
 PROMPTS = (
@@ -128,63 +125,7 @@ def child(argv: list[str], profile_out: str | None) -> int:
     return dgchat_main(argv)
 
 
-# -- the parent: a person at a terminal ------------------------------------------------------------
-class Session:
-    """The app in a pty: keys go in, every byte it writes is kept with the time it arrived."""
-
-    def __init__(self, cmd: list[str], env: dict, cols: int, rows: int) -> None:
-        import fcntl
-        import termios
-
-        self.master, slave = pty.openpty()
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-        self.proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True,
-                                     start_new_session=True)
-        os.close(slave)
-        self.chunks: list[tuple[float, bytes]] = []
-        self.t0 = time.monotonic()
-        self._lock = threading.Lock()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        while True:
-            try:
-                chunk = os.read(self.master, 65536)
-            except OSError:
-                return
-            if not chunk:
-                return
-            now = time.monotonic() - self.t0
-            with self._lock:
-                self.chunks.append((now, chunk))
-            if b"2026$p" in chunk:  # DECRQM for synchronized output: "supported, reset"
-                os.write(self.master, b"\x1b[?2026;2$y")
-
-    def now(self) -> float:
-        return time.monotonic() - self.t0
-
-    def keys(self, data: str) -> None:
-        os.write(self.master, data.encode())
-
-    def screen_text(self, cols: int, rows: int) -> str:
-        screen = TerminalScreen(cols, rows)
-        with self._lock:
-            data = b"".join(c for _, c in self.chunks)
-        screen.feed(data)
-        return screen.text()
-
-    def close(self, timeout: float = 20) -> int:
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._reader.join(timeout=5)
-        os.close(self.master)
-        return self.proc.returncode
-
-
+# -- the parent: a person at a terminal (fixtures/app_pty.Terminal) ----------------------------------
 def wait_until(predicate, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -285,14 +226,14 @@ def run(args: argparse.Namespace, cols: int, rows: int, folder: Path) -> dict:
     profile = folder / f"profile-{cols}x{rows}.json" if args.profile else None
     cmd = [sys.executable, __file__, "--child"] + (["--profile-out", str(profile)] if profile else [])
     cmd += ["--", "--model", str(args.model)]
-    session = Session(cmd, env, cols, rows)
+    session = Terminal(cmd, env, cols, rows)
     db = home / "data" / "chats.db"
     windows: list[tuple[float, float]] = []
     try:
         try:
-            wait_until(lambda: LOADED.search(session.screen_text(cols, rows)) is not None, 120, "the model to load")
+            wait_until(lambda: LOADED.search(session.text()) is not None, 120, "the model to load")
         except RuntimeError:
-            print(session.screen_text(cols, rows))
+            print(session.text())
             raise
         time.sleep(0.5)
         for i in range(args.answers):

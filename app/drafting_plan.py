@@ -32,6 +32,8 @@ On a dgchat serve server of such a model the rewrite is a plain completion of th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import weakref
 from dataclasses import dataclass, replace
 from typing import Any
@@ -162,9 +164,10 @@ def left_to_right_note(engine: Engine | None, kind: str, selected: str) -> str:
             "and does not see the text after it.")
 
 
-def _sampling(engine: Engine, base: DiffusionParams, seed: int) -> DiffusionParams:
+def _sampling(engine: Engine, base: Mapping[str, Any], seed: int) -> DiffusionParams:
     """A proposal's settings (model_backend/param_resolution): drafting's temperature for masked
-    models under the config's [sampler] (`base`), the proposal's seed and the default mode over it."""
+    models under the config's [sampler] table as written (`base`), the proposal's seed and the
+    default mode over it."""
     below = {} if engine.info.uniform_state else {"temperature": DRAFT_TEMPERATURE}
     above = {"seed": seed, "mode": "dgchat"}
     return merge([Layer(DRAFTING, below), Layer.of(CONFIG, base), Layer(DRAFTING, above)])[0]
@@ -175,7 +178,7 @@ def _span(engine: Engine, request: DraftRequest) -> int:
     return max(1, min(MAX_SPAN_TOKENS, span))
 
 
-def _left_to_right(engine: Engine, request: DraftRequest, base: DiffusionParams, length: int,
+def _left_to_right(engine: Engine, request: DraftRequest, base: Mapping[str, Any], length: int,
                    bias_ids: set[int]) -> DraftPlan:
     """A block-diffusion model's proposal: `length` tokens written after the text before it (no
     template: it cannot see the text after), over as many blocks as that takes."""
@@ -194,7 +197,7 @@ def _left_to_right(engine: Engine, request: DraftRequest, base: DiffusionParams,
     return DraftPlan(request.kind, prompt, params, None, int(params.max_tokens), left_to_right=True)
 
 
-def plan_rewrite(engine: Engine, request: DraftRequest, base: DiffusionParams) -> DraftPlan:
+def plan_rewrite(engine: Engine, request: DraftRequest, base: Mapping[str, Any]) -> DraftPlan:
     """The span between `request.before` and `request.after`, `length` tokens (default: as many as
     the selected text has, or DEFAULT_FILL_TOKENS with nothing selected). A left-to-right model
     (block diffusion) writes the span after the text before it, without the text after."""
@@ -231,7 +234,7 @@ def plan_rewrite(engine: Engine, request: DraftRequest, base: DiffusionParams) -
     return DraftPlan("rewrite", prompt, params, CanvasTemplate(tokens, fixed), span)
 
 
-def plan_continue(engine: Engine, request: DraftRequest, base: DiffusionParams) -> DraftPlan:
+def plan_continue(engine: Engine, request: DraftRequest, base: Mapping[str, Any]) -> DraftPlan:
     """Text after `request.before`, up to a canvas (`length`, or the settings' canvas length); the
     model may end it early with its end token. A left-to-right model (block diffusion, whose canvas
     is one small block): `length` or DEFAULT_CONTINUE_TOKENS tokens, block after block."""
@@ -260,7 +263,7 @@ def estimate_tokens(text: str) -> int:
     return -(-len(text) // CHARS_PER_TOKEN) if text else 0
 
 
-def plan_remote(engine: Engine, request: DraftRequest, base: DiffusionParams) -> DraftPlan:
+def plan_remote(engine: Engine, request: DraftRequest, base: Mapping[str, Any]) -> DraftPlan:
     """The request for a server's model (see the module docstring): the prompt is a RemotePrompt
     carrying the text (and, for a rewrite, the text after as the completion's suffix)."""
     if not isinstance(engine, ServedEngine):  # plan() sends only a server's model here
@@ -310,7 +313,7 @@ def no_infill_message(url: str) -> str:
             "suffix), so rewriting a selection needs a dgchat serve server. Ctrl+G (continue) works here.")
 
 
-def plan(engine: Engine, request: DraftRequest, base: DiffusionParams) -> DraftPlan:
+def plan(engine: Engine, request: DraftRequest, base: Mapping[str, Any]) -> DraftPlan:
     if served(engine) is not None:
         return plan_remote(engine, request, base)
     return (plan_rewrite if request.kind == "rewrite" else plan_continue)(engine, request, base)

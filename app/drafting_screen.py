@@ -44,7 +44,7 @@ from dgchat.app.drafting_plan import (
     writes_left_to_right,
 )
 from dgchat.model_backend import param_resolution
-from dgchat.model_backend.engine_protocol import Engine, served
+from dgchat.model_backend.engine_protocol import Engine
 from dgchat.app.error_modal import ErrorModal
 from dgchat.app.paths import short_path
 from dgchat.app.session import EngineJob
@@ -257,10 +257,9 @@ class DraftingScreen(ToolScreen):
         engine = self.engine_for_job()
         if engine is None:
             return
-        server = served(engine)
-        if server is not None and proposal.request.kind == "rewrite" and not server.is_dgchat:
+        if proposal.request.kind == "rewrite" and engine.text_only:
             # said before anything is sent: the server has no way to fill a span between two texts
-            self.notify(no_infill_message(server.url), severity="warning", timeout=8)
+            self.notify(no_infill_message(self.session.loaded_url()), severity="warning", timeout=8)
             return
         editor = self.editor
         proposal.engine = engine
@@ -277,7 +276,7 @@ class DraftingScreen(ToolScreen):
         self.preview.start(engine, shown_before, proposal.request.after, proposal.request.kind,
                            proposal.request.length or 0, left_to_right=writes_left_to_right(engine))
         self.query_one("#draft-preview-scroll").focus()
-        base = self.app.config.sampler_params()
+        base = dict(self.app.config.sampler)  # the [sampler] table as written
         request = proposal.request
 
         def run(job: EngineJob) -> tuple[DraftPlan, FinalEvent | None]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from dgchat.app.model_source import ModelSource, engine_can_count
+from dgchat.app.model_source import ModelSource
 from dgchat.app.session import Engine, EngineJob
 from dgchat.app.store import Store
 from dgchat.model_backend.errors import error_text
@@ -190,7 +190,7 @@ class ContextCountJob(EngineJob):
     def work(self) -> ContextCount | None:
         engine = self.engine
         assert engine is not None
-        if not engine_can_count(engine):
+        if not engine.counts_tokens:
             return None  # no tokenizer here (a server's model): the next answer brings the server's count
         tokens = engine.chat_prompt(self.messages, add_generation_prompt=self.answer_pending)
         return ContextCount(self.chat_id, self.last_id, self.model, int(tokens.size))

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeAlias
 
-from dgchat.model_backend.engine_protocol import Engine, served
 from dgchat.remote.client import normalize_url
 
 # tries after a failed connection or a 429/5xx (0.5, 1, 2 s apart); read when an engine connects
@@ -54,9 +53,3 @@ def as_source(value: ModelSource | str) -> ModelSource:
 def is_server(source: object) -> bool:
     return isinstance(source, ServerSource)
 
-
-def engine_can_count(engine: Engine | None) -> bool:
-    """Whether the engine has the model's tokenizer (a context count before an answer). A remote
-    engine has none: its prompts are messages sent to the server, which reports the count with
-    each answer."""
-    return served(engine) is None

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from dgchat.app.breakpoints import WIDTH_BREAKPOINTS
-from dgchat.model_backend.engine_protocol import served
 from dgchat.app.error_modal import ErrorModal
 from dgchat.app.npc_cards import CardShelf
 from dgchat.app.npc_workshop.cards import NpcCards
@@ -41,7 +40,7 @@ from dgchat.npc.generator import (
     NpcProgress,
 )
 from dgchat.npc.paths import data_dir
-from dgchat.remote.npc_lines import batch_from_infill, infill_body
+from dgchat.remote.npc_lines import lines_on_server
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import (
@@ -234,9 +233,8 @@ class NpcScreen(NpcCards, NpcLineForm, ToolScreen):
         engine = self.engine_for_job()
         if engine is None:
             return
-        server = served(engine)
-        if server is not None and not server.is_dgchat:
-            self.spec_error(f"NPC lines are not available on {server.url}: they need a "
+        if engine.text_only:
+            self.spec_error(f"NPC lines are not available on {self.session.loaded_url()}: they need a "
                             "dgchat serve server (its /v1/infill); vLLM and other servers answer the chat only")
             return
         results = self.query_one("#npc-results", VerticalScroll)
@@ -249,12 +247,12 @@ class NpcScreen(NpcCards, NpcLineForm, ToolScreen):
         results.scroll_end(animate=False)
 
         def run(job: EngineJob) -> LineBatch:
-            if server is not None:
-                # the server runs the same generator on the spec (remote/npc_lines.py); no canvases
-                # cross the wire for lines, so the batch shows when the server's answer is complete
-                job.record(-1, None, phase="on the server", progress=(0, spec.count))
-                answer = server.infill(infill_body(spec, max_attempts=4))
-                return batch_from_infill(spec, answer, server.url)
+            # a server runs the same generator on the spec (remote/npc_lines.py); no canvases cross
+            # the wire for lines, so the batch shows when the server's answer is complete
+            on_server = lines_on_server(engine, spec, max_attempts=4, started=lambda: job.record(
+                -1, None, phase="on the server", progress=(0, spec.count)))
+            if on_server is not None:
+                return on_server
             cached = self._generator
             if cached is None or cached[0] is not engine:
                 cached = self._generator = (engine, NpcGenerator(engine))

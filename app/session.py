@@ -48,9 +48,10 @@ __all__ = ["Engine", "EngineJob", "JobDone", "ModelChange", "ModelSession", "Ses
 
 
 def load_engine(path: ModelSource, *, n_gpu_layers: int | None, n_threads: int | None,
-                progress: Callable[[float], bool], precise: bool = False) -> Engine:
+                progress: Callable[[float], bool], precise: bool = False, experts_on: str = "auto") -> Engine:
     """Load a model file, or connect to a server's model (tests replace this to wrap the engine).
-    precise: config.toml's [engine] precise (f32 KV cache, no flash attention; a server has its own)."""
+    precise: config.toml's [engine] precise (f32 KV cache, no flash attention; a server has its own);
+    n_gpu_layers, experts_on: its [engine] gpu_layers and experts_on (model_backend/placement.py)."""
     if isinstance(path, ServerSource):
         # the server's /v1/models answers here: a dead server or a wrong key fails the "load"
         engine = RemoteEngine.connect(path.url, api_key=path.api_key, retries=model_source.SERVER_RETRIES)
@@ -58,7 +59,7 @@ def load_engine(path: ModelSource, *, n_gpu_layers: int | None, n_threads: int |
         return engine
 
     return loader.load_engine(path, n_gpu_layers=n_gpu_layers, n_threads=n_threads, progress=progress,
-                              precise=precise)
+                              precise=precise, experts_on=experts_on)
 
 
 # -- jobs ----------------------------------------------------------------------------------------
@@ -213,6 +214,10 @@ class ModelSession:
             return ""
         return f"{job.owner[:1].upper()}{job.owner[1:]} is still generating: stop it (Esc there) or wait."
 
+    def loaded_url(self) -> str:
+        """The URL of the server whose model is loaded ("" for a local model)."""
+        return self.path.url if isinstance(self.path, ServerSource) else ""
+
     def model_name(self, source: ModelSource | None) -> str:
         """A model as status lines and saved answers name it: its file name, or for a server the
         served model's id once connected ("tiny-llada on 127.0.0.1:8765")."""
@@ -285,7 +290,8 @@ class ModelSession:
         def work() -> None:
             try:
                 engine = load_engine(path, n_gpu_layers=config.n_gpu_layers, n_threads=config.n_threads,
-                                     progress=progress, precise=bool(getattr(config, "precise", None)))
+                                     progress=progress, precise=bool(getattr(config, "precise", None)),
+                                     experts_on=getattr(config, "experts_on", None) or "auto")
             except BaseException as exc:  # noqa: BLE001 - shown to the user, not raised in a thread
                 app.post_message(SessionCall(self._failed, path, error_text(exc), report))
                 return

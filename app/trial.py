@@ -16,7 +16,9 @@ The full settings are used when the shortened ones do not validate.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from dgchat.model_backend.engine_protocol import Engine
 from dgchat.model_backend.errors import InvalidParameterError
@@ -27,13 +29,13 @@ from dgchat.recording.blocks import block_size_of
 TEST_TOKENS = 32  # the test answer's canvas (a block model: its length): long enough to watch, short on a CPU
 
 
-def trial_params(engine: Engine, base: DiffusionParams) -> DiffusionParams:
-    """The chat's settings (`base`: the config's [sampler] table) for this model, shortened to a test
-    answer of at most TEST_TOKENS tokens (see the module docstring)."""
+def trial_params(engine: Engine, base: Mapping[str, Any]) -> DiffusionParams:
+    """The chat's settings (`base`: the config's [sampler] table as written) for this model, shortened
+    to a test answer of at most TEST_TOKENS tokens (see the module docstring)."""
     # what a server cannot take of the config's settings, its engine's resolve leaves out
     full = resolved_for(engine, [Layer.of(CONFIG, base)]).params  # model_backend/param_resolution
     if full.gen_length is None:  # no canvas (a server that samples by its own settings): only the length is ours
-        return engine.resolve(replace(base, max_tokens=TEST_TOKENS))
+        return engine.resolve(DiffusionParams(**{**base, "max_tokens": TEST_TOKENS}))
     short = short_answer(full, TEST_TOKENS, block_diffusion=bool(block_size_of(engine)))
     if not short.values:
         return full

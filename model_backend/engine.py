@@ -225,6 +225,13 @@ class DiffusionEngine:
         return self._control
 
     # -- parameters ---------------------------------------------------------------------------
+    counts_tokens = True  # the tokenizer is here: contexts are counted before an answer
+    text_only = False  # a live canvas, every diffusion setting, infill
+
+    def unsupported(self, params: DiffusionParams) -> list[str]:
+        """A local engine takes every setting (resolve checks their values)."""
+        return []
+
     def resolve(self, params: DiffusionParams | None = None) -> DiffusionParams:
         """Fill unset fields from the model's defaults and validate (the precedence and its rules:
         model_backend/param_resolution)."""

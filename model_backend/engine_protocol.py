@@ -7,9 +7,11 @@ which calls they rely on. Nothing outside model_backend reaches into an engine's
 what they need of its vocabulary (size, end tokens, tokenizer, token text) is here.
 
 `ServedEngine` is an optional capability on top: what a server's model (dgchat.remote.RemoteEngine)
-adds. Screens ask `served(engine)` instead of probing attributes one by one, and only where what
-they show differs for a server (its URL, a text-only server's limits): `Engine.resolve` already
-leaves out what a server cannot take, and `Engine.precise` is None where exact mode is the server's.
+adds: its URL and the served model's id. Screens ask `served(engine)` only where what they show is
+the server itself (its URL, the served model's name, the remote drafting plan); what differs in
+behaviour is on `Engine`: `resolve` leaves out what a server cannot take and `unsupported` names
+it, `counts_tokens` (the tokenizer is here), `text_only` (a server that sends text only: no live
+canvas, no infill), and `precise` is None where exact mode is the server's.
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ class Engine(Protocol):
     def precise(self) -> bool | None: ...  # exact mode (f32 KV cache, no flash attention); None: a server's choice
     # unset settings filled by the model's rules; settings this engine cannot take (a server's) dropped
     def resolve(self, params: DiffusionParams | None = None) -> DiffusionParams: ...
+    def unsupported(self, params: DiffusionParams) -> list[str]: ...  # settings it cannot take ([] for a local one)
+    @property
+    def counts_tokens(self) -> bool: ...  # has the model's tokenizer: a context count before an answer
+    @property
+    def text_only(self) -> bool: ...  # samples with its own settings, sends text only: no canvas, no infill
     def chat_prompt(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True) -> np.ndarray: ...
     def encode(self, text: str, *, special: bool = False) -> np.ndarray: ...
     def check_fits(self, prompt_tokens: int, params: DiffusionParams) -> None: ...

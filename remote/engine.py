@@ -269,6 +269,16 @@ class RemoteEngine:
         return self.info.context_length
 
     @property
+    def counts_tokens(self) -> bool:
+        """A server's prompts are messages: it counts them and reports the count with each answer."""
+        return False
+
+    @property
+    def text_only(self) -> bool:
+        """Not a dgchat serve server: it samples with its own settings and sends text only."""
+        return not self.is_dgchat
+
+    @property
     def precise(self) -> None:
         """Exact mode is the server's to choose (dgchat serve --precise); it does not say which."""
         return None

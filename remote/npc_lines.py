@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from typing import Any
 
+from dgchat.model_backend.engine_protocol import Engine, served
 from dgchat.model_backend.errors import InvalidParameterError
 from dgchat.model_backend.model_info import BLOCK_DIFFUSION
 from dgchat.model_backend.params import MAX_SEED, DiffusionParams
@@ -137,6 +138,19 @@ def batch_from_infill(spec: LineSpec, answer: Any, url: str) -> LineBatch:
     if [v.index for v in variants] != list(range(spec.count)):
         raise RemoteApiError(f"{url} returned {len(variants)} variants for {spec.count}", url=url, status=502)
     return LineBatch(spec, variants, settings, model)
+
+
+def lines_on_server(engine: Engine, spec: LineSpec, *, max_attempts: int,
+                    started: Callable[[], None] | None = None) -> LineBatch | None:
+    """The batch a dgchat serve server makes for `spec` when `engine` is its model (its
+    /v1/infill runs the same generator there), or None for a local engine: the caller runs
+    npc.generator itself. `started` is called before the request is sent."""
+    server = served(engine)
+    if server is None:
+        return None
+    if started is not None:
+        started()
+    return batch_from_infill(spec, server.infill(infill_body(spec, max_attempts=max_attempts)), server.url)
 
 
 def check_servers(pool: ServerPool, *, on_drop: Callable[[str, str], None] | None = None,

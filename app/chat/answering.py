@@ -27,7 +27,6 @@ from dgchat.app.store import Message
 from dgchat.app.widgets.canvas import LiveCanvas
 from dgchat.app.widgets.conversation import Conversation
 from dgchat.app.widgets.message import MessageView
-from dgchat.model_backend.engine_protocol import served
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.model_backend.param_resolution import (
     CHAT,
@@ -132,12 +131,11 @@ class AnswerControl(ChatPart):
         try:
             # every answer draws its own seed unless the config or the chat fixed one, so that a
             # regenerate gives another answer; the seed is stored with the answer's params
-            server = served(engine)
-            if server is not None and screen.chat:
+            if screen.chat:
                 # the chat's own settings, asked before resolving (which leaves out what a server
                 # cannot take, as it should the config's): a choice of this chat is refused by name
                 own, _sources = merge([Layer.of(CHAT, dict(screen.chat.params))])
-                refused = server.unsupported(own)
+                refused = engine.unsupported(own)
                 if refused:
                     raise InvalidParameterError(server_refuses(refused))
             params = with_fresh_seed(screen.resolved_params(engine)).params

@@ -112,12 +112,6 @@ class ModelSwitching(ChatPart):
         screen.update_status()
 
     # -- parameters -----------------------------------------------------------------------------
-    def base_params(self) -> DiffusionParams:
-        """Config [sampler] defaults (unset fields stay None for the model's defaults). What a server
-        cannot take of them (vLLM takes no diffusion settings) its engine's resolve leaves out: the
-        config is for every model. A chat's own settings are refused instead (answering.py)."""
-        return self.app.config.sampler_params()
-
     def default_params(self, engine: Engine) -> DiffusionParams:
         """The model's recommended settings over the config's [sampler] table."""
         return self.resolved_params(engine, with_chat=False).params
@@ -129,11 +123,10 @@ class ModelSwitching(ChatPart):
     def resolved_params(self, engine: Engine, *, with_chat: bool = True) -> ResolvedParams:
         """This chat's settings and where each came from (model_backend/param_resolution): the
         model's (family, file) < the config's [sampler] < the chat's own settings."""
-        base = self.base_params()
-        config = Layer.of(CONFIG, base)
-        if "seed" in self.app.config.sampler:  # `seed = 0` there is a choice too (Layer.of drops defaults)
-            config = Layer(CONFIG, {**config.values, "seed": base.seed})
-        layers = [config]
+        # the config's [sampler] table as written (`seed = 0`, `cfg_scale = 0` are choices too); what a
+        # server cannot take of it (vLLM takes no diffusion settings) its engine's resolve leaves out:
+        # the config is for every model. A chat's own settings are refused instead (answering.py).
+        layers = [Layer.of(CONFIG, self.app.config.sampler)]
         chat = self.screen.chat
         if with_chat and chat:
             layers.append(Layer.of(CHAT, dict(chat.params)))

@@ -19,7 +19,6 @@ from dgchat.app.sampler_text import temperature_text
 from dgchat.app.session import Engine
 from dgchat.app.store import Message
 from dgchat.app.widgets.status_bar import StatusBar
-from dgchat.model_backend.engine_protocol import served
 from dgchat.model_backend.errors import DgchatError
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.recording.blocks import block_size_of
@@ -81,7 +80,6 @@ class StatusLine(ChatPart):
             name = session.model_name(wanted)
             temperature = f"T {temperature_text(p, engine.info.uniform_state)}"
             threshold = [(f"threshold {p.threshold:g}", 3)] if p.threshold is not None else []
-            server = served(engine)
             # ranks: what a narrow line leaves out first (status_bar.fit_parts): the engine's label
             # (also in model: info), then the algorithm, then the sizes; the temperature stays longest
             # (it says whether answers are sampled)
@@ -90,7 +88,7 @@ class StatusLine(ChatPart):
                 # the label names the variant and its block size: it goes after the sizes
                 bar.set_parts([(name, 0), (engine.label, 2), (f"{p.steps} steps/block", 2),
                                (f"max {p.max_tokens} tokens", 3), (temperature, 1), *threshold])
-            elif server is None or server.is_dgchat:
+            elif not engine.text_only:
                 blocks = [(f"block {p.block_length}", 3)] if p.block_length else []
                 bar.set_parts([(name, 0), (engine.label, 4), (f"steps {p.steps}", 2), (f"canvas {p.gen_length}", 2),
                                *blocks, (p.algorithm, 3), *threshold, (temperature, 1)])

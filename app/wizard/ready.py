@@ -171,7 +171,7 @@ class ReadyStep(VerticalScroll):
             return
         error = self.query_one("#ready-error", Static)
         try:
-            params = trial_params(engine, self.app.config.sampler_params())
+            params = trial_params(engine, self.app.config.sampler)
         except DgchatError as exc:
             error.update(f"The test could not start: {exc}")
             self.post_message(NavChanged())

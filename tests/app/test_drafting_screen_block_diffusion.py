@@ -32,7 +32,6 @@ from dgchat.model_backend.canvas import CanvasSnapshot, Cell
 from dgchat.model_backend.errors import InvalidParameterError
 from dgchat.model_backend.events import FinalEvent, StepEvent, StepTiming
 from dgchat.model_backend.loader import load_engine
-from dgchat.model_backend.params import DiffusionParams
 from dgchat.model_backend.requests import CanvasTemplate
 from dgchat.remote import wire
 from dgchat.remote.engine import RemoteEngine
@@ -196,7 +195,7 @@ def test_plans_never_ask_the_engine_for_infill(base):
         for kind, selected, length in (("rewrite", "gate", None), ("rewrite", "", None), ("rewrite", "gate", 9),
                                        ("continue", "", None), ("continue", "", 7)):
             request = DraftRequest(kind, DOC[:52], selected, DOC[56:], seed=1, length=length)
-            draft = plan(engine, request, DiffusionParams(steps=8, gen_length=32))  # an app test's [sampler]
+            draft = plan(engine, request, {"steps": 8, "gen_length": 32})  # an app test's [sampler]
             assert draft.template is None and draft.left_to_right
             events = list(engine.generate(draft.prompt, draft.params, template=draft.template))
             assert isinstance(events[-1], FinalEvent) and events[-1].stats.tokens <= draft.span
@@ -213,11 +212,11 @@ def test_a_dgchat_server_of_a_block_model_gets_no_suffix():
     engine = RemoteEngine(SimpleNamespace(url="http://127.0.0.1:1"), wire.ServerModel("sdar", details=details))
     assert writes_left_to_right(engine)
     request = DraftRequest("rewrite", "The old castle stood", "on the hill", ". None may pass.", seed=2)
-    draft = plan_remote(engine, request, DiffusionParams())
+    draft = plan_remote(engine, request, {})
     assert draft.left_to_right and draft.prompt.suffix is None and draft.prompt.text == "The old castle stood"
     assert draft.params.max_tokens == draft.span == 3  # 11 characters at ~4 a token
     assert draft.params.eps is None and draft.params.gen_length is None
-    cont = plan_remote(engine, DraftRequest("continue", "The old castle", "", "", seed=2), DiffusionParams())
+    cont = plan_remote(engine, DraftRequest("continue", "The old castle", "", "", seed=2), {})
     assert cont.params.max_tokens == DEFAULT_CONTINUE_TOKENS and cont.prompt.suffix is None
 
 
@@ -251,6 +250,6 @@ def test_a_server_block_model_the_client_knows_drafts_with_its_blocks():
     engine = RemoteEngine(SimpleNamespace(url="http://127.0.0.1:1"), wire.ServerModel("sdar", details=details))
     assert block_size_of(engine) == 4 and writes_left_to_right(engine)
     draft = plan_remote(engine, DraftRequest("rewrite", "The old castle", "stood", " on the hill.", seed=0),
-                        DiffusionParams(steps=8, gen_length=32))
+                        {"steps": 8, "gen_length": 32})
     assert draft.left_to_right and draft.prompt.suffix is None
     assert (draft.params.gen_length, draft.params.max_tokens) == (4, 2)  # the config's canvas is replaced

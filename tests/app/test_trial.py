@@ -15,19 +15,19 @@ def test_a_block_model_tests_with_a_short_answer_of_its_own_blocks(base):
         with load_engine(converted(base, name)) as engine:
             full = engine.resolve(DiffusionParams())
             assert full.max_tokens == 512  # the model's answer length: far from a short test
-            params = trial_params(engine, DiffusionParams())
+            params = trial_params(engine, {})
             assert params.max_tokens == TEST_TOKENS
             assert (params.gen_length, params.block_length, params.steps) == (block, block, full.steps)
             assert params.threshold == full.threshold and params.temperature == full.temperature
             # the config's canvas settings are replaced by the model's block, as in the chat
-            params = trial_params(engine, DiffusionParams(steps=2, gen_length=64, max_tokens=20))
+            params = trial_params(engine, {"steps": 2, "gen_length": 64, "max_tokens": 20})
             assert (params.gen_length, params.steps, params.max_tokens) == (block, 2, 20)
 
 
 def test_canvas_models_keep_their_rule(llada_gguf):
     with load_engine(llada_gguf) as engine:
-        short = trial_params(engine, DiffusionParams(steps=8, gen_length=32))
+        short = trial_params(engine, {"steps": 8, "gen_length": 32})
         assert (short.gen_length, short.steps, short.max_tokens) == (32, 8, 32)
-        cut = trial_params(engine, DiffusionParams(steps=64, gen_length=128, block_length=32))
+        cut = trial_params(engine, {"steps": 64, "gen_length": 128, "block_length": 32})
         # one block covers the shortened canvas: no block schedule (the resolution's rule)
         assert (cut.gen_length, cut.block_length, cut.steps, cut.max_tokens) == (32, None, 16, 32)

@@ -126,6 +126,10 @@ def test_a_remote_engine_answers_with_what_the_server_said(llada_gguf: Path) -> 
 
         with FakeServer(handler) as fake, RemoteEngine.connect(fake.url) as remote:
             _satisfies_protocol(remote)
+            # what differs from a local engine, said by the engine (the app asks these, not served())
+            assert remote.is_dgchat and not remote.text_only and not remote.counts_tokens
+            assert (local.counts_tokens, local.text_only, local.unsupported(params)) == (True, False, [])
+            assert remote.unsupported(DiffusionParams(sampler_on="host")) == ["sampler_on"]
             assert remote.n_vocab == local.n_vocab
             np.testing.assert_array_equal(remote.eog_ids(), np.sort(local.eog_ids()))
             assert remote.eos == int(np.min(local.eog_ids())) and remote.end_token == remote.eos

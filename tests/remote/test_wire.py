@@ -107,7 +107,7 @@ def _vllm(events=VLLM_STREAM, models=VLLM_MODELS):
 
 def test_remote_engine_on_a_vllm_server_streams_text_only() -> None:
     with _vllm() as server, RemoteEngine.connect(server.url, retries=0) as engine:
-        assert not engine.is_dgchat and engine.n_ctx_max == 32768 and engine.path.name == "diffusiongemma-26B-A4B-it"
+        assert not engine.is_dgchat and engine.text_only and engine.n_ctx_max == 32768 and engine.path.name == "diffusiongemma-26B-A4B-it"
         prompt = engine.chat_prompt([{"role": "user", "content": "Who goes there?"}])
         assert prompt.size == 0 and prompt.messages[0]["content"] == "Who goes there?"
         events = list(engine.generate(prompt, DiffusionParams(temperature=0.5, seed=3, max_tokens=4)))

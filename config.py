@@ -7,7 +7,7 @@
     refresh_hz = 30           # live-canvas repaints per second
     clipboard = "auto"        # auto | osc52 | file
     n_threads = 8             # CPU threads for llama.cpp (default: all cores)
-    n_gpu_layers = 99         # layers to offload (default: all when the build supports it)
+    n_gpu_layers = 99         # older spelling of [engine] gpu_layers
     export_dir = "~/Documents/dgchat"  # where Ctrl+S writes chats (default: that, else <data dir>/exports;
                                        # a relative folder is inside your home folder)
     answer_seconds_limit = 90  # models predicted to take longer for a 256-token answer are not recommended
@@ -19,6 +19,8 @@
 
     [engine]                  # how local models are run (`dgchat`, `dgchat generate|serve|npc`)
     precise = false           # f32 KV cache, no flash attention: exact logits, slower (--precise)
+    gpu_layers = 99           # llama.cpp's n_gpu_layers (--gpu-layers; default: planned from free GPU memory)
+    experts_on = "auto"       # auto | cpu | gpu: where a mixture of experts' experts may go (--experts-on)
 
     [keys]                    # binding id = "key" or "key1,key2" (F1 lists the ids)
     "chat.stop" = "escape"
@@ -45,6 +47,7 @@ from dgchat import paths
 from dgchat.hub.speed import DEFAULT_LIMIT_S
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.model_backend.params import DiffusionParams, max_threads
+from dgchat.model_backend.placement import EXPERTS_ON
 from dgchat.toml_files import TomlFileError, parse_toml, read_regular_file, read_toml
 from dgchat.toml_write import set_keys
 
@@ -58,7 +61,7 @@ TOP_KEYS = (
     "default_model", "theme", "system_prompt", "refresh_hz", "clipboard", "n_threads", "n_gpu_layers", "export_dir",
     "answer_seconds_limit", "sampler", "keys", "server", "engine",
 )
-ENGINE_KEYS = ("precise",)
+ENGINE_KEYS = ("precise", "gpu_layers", "experts_on")
 SERVER_KEYS = ("url", "api_key")
 _KEY_RE = re.compile(r"^(?:(?:ctrl|shift|alt|meta|super|hyper)\+)*(?:[a-z0-9_]+|[^\s,+])$")
 
@@ -77,7 +80,7 @@ class Config:
     refresh_hz: int = 30
     clipboard: str = "auto"
     n_threads: int | None = None
-    n_gpu_layers: int | None = None
+    n_gpu_layers: int | None = None  # [engine] gpu_layers, or the older top-level n_gpu_layers
     export_dir: str | None = None  # None: dgchat.app.export.default_export_dir()
     # seconds a 256-token answer may take for the wizard and the model lists to recommend a model
     answer_seconds_limit: float = DEFAULT_LIMIT_S
@@ -86,6 +89,7 @@ class Config:
     server_url: str | None = None  # [server] url: an OpenAI-compatible server (dgchat.remote)
     server_api_key: str | None = None  # [server] api_key
     precise: bool | None = None  # [engine] precise (None: not set; model_backend/param_resolution's "config")
+    experts_on: str | None = None  # [engine] experts_on (None: not set, "auto")
 
     def sampler_params(self) -> DiffusionParams:
         """The config's sampler defaults as DiffusionParams (unset fields stay None)."""
@@ -177,20 +181,31 @@ def load_config(path: str | Path | None = None) -> Config:
     if "server" in raw:
         config.server_url, config.server_api_key = _server(path, raw["server"])
     if "engine" in raw:
-        config.precise = _engine(path, raw["engine"])
+        _engine(path, raw["engine"], config)
     return config
 
 
-def _engine(path: Path, table: Any) -> bool | None:
+def _engine(path: Path, table: Any, config: Config) -> None:
     if not isinstance(table, dict):
-        raise _fail(path, "[engine] must be a table with precise = true or false")
+        raise _fail(path, "[engine] must be a table of engine settings (precise, gpu_layers, experts_on)")
     for key in table:
         if key not in ENGINE_KEYS:
             raise _fail(path, f"[engine] unknown setting {key!r} (known: {', '.join(ENGINE_KEYS)})")
     value = table.get("precise")
     if value is not None and not isinstance(value, bool):
         raise _fail(path, f"[engine] precise must be true or false (got {_describe(value)})")
-    return value
+    config.precise = value
+    if "gpu_layers" in table:
+        layers = _int(path, "[engine] gpu_layers", table["gpu_layers"], 0, None, "an integer >= 0")
+        if config.n_gpu_layers is not None and config.n_gpu_layers != layers:
+            raise _fail(path, f"n_gpu_layers ({config.n_gpu_layers}) and [engine] gpu_layers ({layers}) disagree: "
+                              "keep [engine] gpu_layers")
+        config.n_gpu_layers = layers
+    if "experts_on" in table:
+        value = table["experts_on"]
+        if value not in EXPERTS_ON:
+            raise _fail(path, f"[engine] experts_on must be one of {', '.join(EXPERTS_ON)} (got {_describe(value)})")
+        config.experts_on = value
 
 
 def _server(path: Path, table: Any) -> tuple[str | None, str | None]:

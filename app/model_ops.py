@@ -38,6 +38,7 @@ from dgchat.hub import (
 from dgchat.hub.fit import TOO_SLOW, Fit, FitEstimate
 from dgchat.hub.machine_profile import MachineProfile
 from dgchat.hub.manager import ModelRow, PullResult
+from dgchat.hub.split_speed import split_words
 from dgchat.hub.util import format_bytes
 from dgchat.model_backend.errors import DgchatError
 from rich.text import Text
@@ -147,6 +148,7 @@ BUNDLED_BADGE = "bundled · no download"
 # a badge in three lengths: the full words, for a medium-width table, for a narrow one
 BADGES: dict[Fit | str, tuple[str, str, str]] = {
     Fit.VRAM: ("fits in VRAM", "fits in VRAM", "in VRAM"),
+    Fit.EXPERTS_RAM: ("fits with experts in RAM", "experts in RAM", "VRAM+RAM"),
     Fit.RAM: ("fits in RAM", "fits in RAM", "in RAM"),
     Fit.NONE: ("will not fit", "will not fit", "too big"),
     Fit.UNKNOWN: ("fit unknown", "fit unknown", "unknown"),
@@ -155,8 +157,8 @@ BADGES: dict[Fit | str, tuple[str, str, str]] = {
 }
 NO_DISK = ("; not enough disk", "; no disk", "; no disk")
 # "too slow here" in its own colour: not red (it would run), not yellow (it fits, and that is not the point)
-FIT_STYLES: dict[Fit | str, str] = {Fit.VRAM: "bold green", Fit.RAM: "yellow", Fit.NONE: "red", Fit.UNKNOWN: "dim",
-                                    TOO_SLOW: "medium_purple1"}
+FIT_STYLES: dict[Fit | str, str] = {Fit.VRAM: "bold green", Fit.EXPERTS_RAM: "green", Fit.RAM: "yellow",
+                                    Fit.NONE: "red", Fit.UNKNOWN: "dim", TOO_SLOW: "medium_purple1"}
 
 
 def fit_text(fit: FitEstimate | None, *, bundled: bool = False, length: int = 0, too_slow: bool = False) -> str:
@@ -299,9 +301,11 @@ def speed_lines(row: ModelRow, no_speed: str = "") -> list[str]:
     model that fits, `no_speed` says why (not measured yet, the measurement failed)."""
     speed = row.speed
     if speed is None:
-        fits = row.fit is not None and row.fit.fit in (Fit.VRAM, Fit.RAM)
+        fits = row.fit is not None and row.fit.fits
         return [f"Speed: {no_speed}"] if fits and no_speed else []
     lines = [f"Speed: {speed.text()}"]
+    if (split := split_words(speed.prediction)) is not None:  # where a step's time goes, on both routes
+        lines.append(split)
     basis = ("predicted from this machine's measured speed" if speed.prediction.basis == "measured"
              else f"predicted: {speed.prediction.basis}")
     if speed.after_rebuild is not None:

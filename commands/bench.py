@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from dgchat.commands.common import add_common, add_model_args, resolve_model_path
+from dgchat.commands.common import add_common, add_model_args, placement_choice, resolve_model_path
 from dgchat.convert.default_model import plays_data
 from dgchat.convert.default_model import word_validity as wv
 from dgchat.convert.default_model.word_validity import answer_text, parse_settings
@@ -149,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
     model = resolve_model_path(args.model)
     lengths = _ints(args.lengths)
     concurrency = _ints(args.concurrency)
-    with load_engine(model, n_gpu_layers=args.n_gpu_layers) as engine:
+    placement = placement_choice(args)  # --gpu-layers / --experts-on, else config.toml's [engine]
+    with load_engine(model, **placement) as engine:
         info = engine.info
         canvas = args.canvas or int(engine.resolve().gen_length or 256)
         prompt_sets = _prompt_set(engine, args)
@@ -187,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
                 job = dict(model=str(model), params=config.params, length=length, canvas=canvas,
                            steps=max(1, round(per_canvas * config.steps_per_token)), concurrency=conc,
                            prompts=prompt_sets, quality=not args.no_quality, threads=args.threads,
-                           n_gpu_layers=args.n_gpu_layers, uniform=info.uniform_state)
+                           uniform=info.uniform_state, **placement)
                 res = _run_child(job)
                 res.update(configuration=config.name, length=length, concurrency=conc)
                 # answers are compared only under the same (prompt, seed): a sampled (uniform-state)
@@ -306,7 +307,8 @@ def _run_child(job: dict[str, Any]) -> dict[str, Any]:
 def _worker(job: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
 
-    engine = load_engine(job["model"], n_gpu_layers=job["n_gpu_layers"], n_threads=job["threads"])
+    engine = load_engine(job["model"], n_gpu_layers=job["n_gpu_layers"], n_threads=job["threads"],
+                         experts_on=job.get("experts_on", "auto"))
     length, canvas, conc = job["length"], job["canvas"], job["concurrency"]
     p = dict(job["params"])
     reference = p.get("mode") == "reference"

@@ -18,6 +18,7 @@ from dgchat.hub.manager import ModelManager
 from dgchat.model_backend.engine_protocol import LocalEngine
 from dgchat.model_backend.errors import InvalidParameterError, ModelFileError
 from dgchat.model_backend.param_resolution import CONFIG, FLAG, Layer, precise_setting
+from dgchat.model_backend.placement import EXPERTS_ON
 from dgchat.model_backend.params import (
     ALGORITHMS,
     CACHE_MODES,
@@ -37,11 +38,39 @@ def add_model_args(parser: argparse.ArgumentParser, required: bool = False) -> N
     parser.add_argument("-m", "--model", required=required,
                         help="GGUF model file or installed model name (default: $DGCHAT_MODEL, else the "
                              "default_model of the config, else the bundled model)")
-    parser.add_argument("--n-gpu-layers", type=int, default=None, metavar="N",
-                        help="layers to offload to the GPU (default: all when this build supports it)")
+    # --n-gpu-layers: the older spelling, kept (dest stays n_gpu_layers for the commands that read it)
+    parser.add_argument("--gpu-layers", "--n-gpu-layers", dest="n_gpu_layers", type=gpu_layers_arg, default=None,
+                        metavar="N", help="llama.cpp's n_gpu_layers: the output layer, then the last N-1 layers on the "
+                                          "GPU (default: [engine] gpu_layers, else planned from the GPU's free memory)")
+    parser.add_argument("--experts-on", choices=EXPERTS_ON, default=None,
+                        help="mixture-of-experts models: where the routed experts may go; cpu keeps them all in "
+                             "RAM, gpu never (default: [engine] experts_on, else auto: in RAM only as the GPU's "
+                             "free memory needs)")
     parser.add_argument("--threads", type=threads_arg, default=None, metavar="N",
                         help="CPU threads, 1 to 4 per core (default: all cores)")
     parser.add_argument("--rpc", default=None, metavar="HOST:PORT[,HOST:PORT]", help=RPC_HELP)
+
+
+def gpu_layers_arg(text: str) -> int:
+    """argparse type of --gpu-layers: a whole number >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0 (got {text!r})")
+    return value
+
+
+def placement_choice(args: argparse.Namespace) -> dict[str, Any]:
+    """--gpu-layers and --experts-on, else config.toml's [engine] gpu_layers and experts_on, as
+    open_local_engine's keywords (model_backend/placement.py plans what is left unset)."""
+    layers, experts = getattr(args, "n_gpu_layers", None), getattr(args, "experts_on", None)
+    if layers is None or experts is None:
+        config = load_config()
+        layers = config.n_gpu_layers if layers is None else layers
+        experts = config.experts_on if experts is None else experts
+    return {"n_gpu_layers": layers, "experts_on": experts or "auto"}
 
 
 def threads_arg(text: str) -> int:
@@ -106,7 +135,7 @@ def add_sampler_args(parser: argparse.ArgumentParser) -> None:
                         "(auto: the backend with dgchat's engine)")
     g.add_argument("--soft-embedding", choices=SOFT_EMBEDDINGS, default="auto",
                    help="DiffusionGemma: self-conditioning over the whole vocabulary (exact) or each position's "
-                        "256 likeliest tokens (auto: exact on a GPU or up to 65,536 tokens)")
+                        "256 likeliest tokens (auto: exact with --precise, on a GPU or up to 65,536 tokens)")
     g.add_argument("--no-early-stop", action="store_true", help="keep denoising after the end token")
     g.add_argument("--entropy-bound", type=float, help="DiffusionGemma: entropy budget per step")
     g.add_argument("--t-min", type=float, help="DiffusionGemma: final temperature")
@@ -118,7 +147,8 @@ def add_sampler_args(parser: argparse.ArgumentParser) -> None:
 
 
 PRECISE_HELP = ("exact mode: f32 KV cache and no flash attention, the engine the equivalence tests use (logits "
-                "match transformers to float32 noise; slower, more memory). Default: [engine] precise in "
+                "match transformers to float32 noise; slower, more memory), and DiffusionGemma's "
+                "self-conditioning over the whole vocabulary at any size. Default: [engine] precise in "
                 "config.toml, else off (f16 KV cache, flash attention where the backend has it)")
 
 
@@ -137,13 +167,15 @@ def precise_choice(args: argparse.Namespace) -> tuple[bool, str]:
 
 
 def open_local_engine(model_path: str | Path, *, n_gpu_layers: int | None = None, n_threads: int | None = None,
-                      precise: bool = False) -> LocalEngine:
+                      precise: bool = False, experts_on: str = "auto") -> LocalEngine:
     """The engine `dgchat generate`, `serve` and `npc` run a local model on. precise: the f32 KV
     cache without flash attention (llamacpp.LlamaContext exact_kv), as tests/fixtures/dg_engine.py
-    opens it; otherwise an f16 KV cache with flash attention on auto."""
+    opens it; otherwise an f16 KV cache with flash attention on auto. n_gpu_layers and experts_on
+    (`placement_choice`) override the placement planned from the GPU's free memory."""
     from dgchat.model_backend.loader import load_engine  # loads llama.cpp: not at `dgchat --help`
 
-    return load_engine(model_path, n_gpu_layers=n_gpu_layers, n_threads=n_threads, precise=precise)
+    return load_engine(model_path, n_gpu_layers=n_gpu_layers, n_threads=n_threads, precise=precise,
+                       experts_on=experts_on)
 
 
 def flag_layer(args: argparse.Namespace) -> Layer:

@@ -20,6 +20,7 @@ from dgchat.commands.common import (
     flag_layer,
     open_local_engine,
     params_from_args,
+    placement_choice,
     precise_choice,
     resolve_model_path,
 )
@@ -84,8 +85,7 @@ def run(args: argparse.Namespace) -> int:
     prompt_text = _read_prompt(args)
     model_path = resolve_model_path(args.model)
     precise = precise_choice(args)
-    engine = open_local_engine(model_path, n_gpu_layers=args.n_gpu_layers, n_threads=args.threads,
-                               precise=precise[0])
+    engine = open_local_engine(model_path, n_threads=args.threads, precise=precise[0], **placement_choice(args))
     try:
         prompt = _prompt(engine, args, prompt_text)
         # the config's [sampler] table is for the app's chats: generate's layers are the model's and the flags
@@ -201,6 +201,7 @@ def _drive(engine: Engine, prompt, params, cancel: threading.Event, *, visual: b
 
 
 def _as_json(final: FinalEvent, engine: Engine, model_path, params) -> dict[str, Any]:
+    placement = engine.placement  # None for a server
     return {
         "text": final.text,
         "tokens": [int(t) for t in final.tokens],
@@ -210,6 +211,8 @@ def _as_json(final: FinalEvent, engine: Engine, model_path, params) -> dict[str,
         "engine": final.engine_label,
         "settings": params.as_dict(),  # the values alone; "params" (added by the caller): with their sources
         "stats": final.stats.as_dict(),
+        # where the weights went (model_backend/placement.py): mode, n_gpu_layers, bytes per device
+        "placement": placement.as_json() if placement is not None else None,
     }
 
 
@@ -220,9 +223,10 @@ def _run_remote(args: argparse.Namespace, url: str, api_key: str | None) -> int:
     flags = Layer.of(FLAG, params)  # the same flags, parsed once
     recording = Recording.from_args(args)
     prompt_text = _read_prompt(args)
-    if args.n_gpu_layers is not None or args.threads is not None or args.precise is not None:
-        raise InvalidParameterError("--n-gpu-layers, --threads and --precise set up a local model; the server has "
-                                    "its own (dgchat serve --precise)")
+    if args.n_gpu_layers is not None or args.experts_on is not None or args.threads is not None or \
+            args.precise is not None:
+        raise InvalidParameterError("--gpu-layers, --experts-on, --threads and --precise set up a local model; the "
+                                    "server has its own (dgchat serve --precise)")
     visual = _visual(args)
     engine = RemoteEngine.connect(url, api_key=api_key, timeout=args.timeout, retries=args.retries,
                                   live_canvas=visual or recording is not None, deadline=args.deadline)

@@ -17,7 +17,7 @@ from typing import Any
 from dgchat.commands.common import add_common, ctrl_c_cancels
 from dgchat.config import load_config
 from dgchat.hub import paths
-from dgchat.hub.errors import DownloadCancelled, VerificationError
+from dgchat.hub.errors import DownloadCancelled, HubError, VerificationError
 from dgchat.hub.hardware import (
     clear_hardware_overrides,
     detect_hardware,
@@ -93,7 +93,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _add_hw_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("hardware for the fit badges (this run only; `dgchat models hardware` saves them)")
     g.add_argument("--ram", metavar="SIZE", help="assume this much RAM, e.g. 16G")
-    g.add_argument("--vram", metavar="SIZE", help="assume this much free GPU memory, e.g. 8G")
+    g.add_argument("--vram", metavar="SIZE", help="assume a GPU with this much free memory, e.g. 12G, 12GiB or "
+                   "8000M (0: none); its speed is estimated as a typical GPU's")
     g.add_argument("--no-gpu", action="store_true", help="assume no GPU offload")
 
 
@@ -112,14 +113,22 @@ def _hardware_for(args: argparse.Namespace, models_dir) -> Any:
     hw = detect_hardware(models_dir)
     changes: dict[str, Any] = {}
     if getattr(args, "ram", None):
-        changes["ram_total"] = parse_size(args.ram)
+        changes["ram_total"] = _size_option("--ram", args.ram)
     if getattr(args, "vram", None):
-        changes["vram_total"] = parse_size(args.vram)
+        changes["vram_total"] = _size_option("--vram", args.vram)
         changes["vram_free"] = changes["vram_total"]
         changes["gpu_offload"] = changes["vram_total"] > 0
     if getattr(args, "no_gpu", False):
         changes["gpu_offload"] = False
     return hw.with_overrides(**changes) if changes else hw
+
+
+def _size_option(flag: str, text: str) -> int:
+    """A size option's bytes; a bad one is an error that names the option (exit code 2)."""
+    try:
+        return parse_size(text)
+    except HubError as exc:
+        raise HubError(f"{flag}: {exc}") from None
 
 
 def _config():
@@ -182,6 +191,11 @@ def _list(args: argparse.Namespace) -> int:
         if estimated:
             _print_wrapped(console, f"GPU times are {sorted(estimated)[0]}: this engine build has measured no GPU",
                            lead="        ")
+    if any(r.fit is not None and r.fit.placement is not None and r.fit.placement.mode == "experts-in-ram"
+           for r in rows):
+        _print_wrapped(console, "experts in RAM: every layer on the GPU, the routed experts of some layers in RAM, "
+                       "copied to the GPU for each canvas step (`--json`: placement, and the step's parts)",
+                       lead="FIT: ")
     else:
         _print_wrapped(console, "not predicted, this machine's speed is not measured (`dgchat models hardware "
                        "--measure`)", lead="ANSWER: ")
@@ -205,9 +219,10 @@ NARROW_COLUMNS = ("", "NAME", "SIZE", "STATUS", "FIT", "ANSWER")
 COLUMN_GAP = 2  # spaces between two columns
 MIN_NAME_WIDTH = 12  # a name folded narrower than this is harder to read than a line the terminal wraps
 # the fit badges in fewer letters (under the FIT header, "in RAM" says what "fits in RAM" does)
-SHORT_BADGES = {"fits in VRAM": "in VRAM", "fits in RAM": "in RAM", "too slow here": "too slow",
-                "will not fit": "too big"}
-BADGE_STYLES = {"fits in VRAM": "green", "fits in RAM": "yellow", "too slow here": "magenta", "will not fit": "red"}
+SHORT_BADGES = {"fits in VRAM": "in VRAM", "fits with experts in RAM": "experts in RAM", "fits in RAM": "in RAM",
+                "too slow here": "too slow", "will not fit": "too big"}
+BADGE_STYLES = {"fits in VRAM": "green", "fits with experts in RAM": "green", "fits in RAM": "yellow",
+                "too slow here": "magenta", "will not fit": "red"}
 
 
 @dataclass(frozen=True)

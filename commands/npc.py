@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 from dgchat.commands.common import (add_common, add_model_args, add_precise_arg, ctrl_c_cancels, open_local_engine,
-                                   precise_choice, resolve_model_path)
+                                   placement_choice, precise_choice, resolve_model_path)
 from dgchat.model_backend.engine_protocol import LocalEngine
 from dgchat.model_backend.errors import GenerationCancelled, InvalidParameterError
 from dgchat.npc.cards import load_cards
@@ -89,9 +89,9 @@ def run(args: argparse.Namespace) -> int:
 
     urls, api_key = server_choice(args)
     if urls:
-        if args.precise or args.n_gpu_layers is not None or args.threads is not None:
-            raise InvalidParameterError("--precise, --n-gpu-layers and --threads set up a local model; each server "
-                                        "has its own (dgchat serve --precise ...)")
+        if args.precise or args.n_gpu_layers is not None or args.experts_on is not None or args.threads is not None:
+            raise InvalidParameterError("--precise, --gpu-layers, --experts-on and --threads set up a local model; "
+                                        "each server has its own (dgchat serve --precise ...)")
         try:
             with ctrl_c_cancels() as cancel:
                 batches = _generate_remote(urls, api_key, specs, args, cancel, [e.where for e in lines.entries])
@@ -104,8 +104,8 @@ def run(args: argparse.Namespace) -> int:
     from dgchat.model_backend import llamacpp  # heavy: llama.cpp's shared library
 
     llamacpp.set_verbose(getattr(args, "verbose", False))
-    engine = open_local_engine(resolve_model_path(args.model), n_gpu_layers=args.n_gpu_layers,
-                               n_threads=args.threads, precise=precise_choice(args)[0])
+    engine = open_local_engine(resolve_model_path(args.model), n_threads=args.threads,
+                               precise=precise_choice(args)[0], **placement_choice(args))
     try:
         _check_templates(engine, lines, specs)
         with ctrl_c_cancels() as cancel:

@@ -6,8 +6,8 @@ import argparse
 import asyncio
 import os
 
-from dgchat.commands.common import (add_common, add_model_args, add_precise_arg, open_local_engine, precise_choice,
-                                   resolve_model_path)
+from dgchat.commands.common import (add_common, add_model_args, add_precise_arg, open_local_engine,
+                                   placement_choice, precise_choice, resolve_model_path)
 from dgchat.model_backend.errors import DgchatError, InvalidParameterError
 from dgchat.server import DEFAULT_PORT  # the server itself is imported when the command runs
 from dgchat.server.logs import write_stderr
@@ -84,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
     from dgchat.server.app import serve  # heavy: see above
 
     llamacpp.set_verbose(getattr(args, "verbose", False))
-    engine = open_local_engine(resolve_model_path(args.model), n_gpu_layers=args.n_gpu_layers,
-                               n_threads=args.threads, precise=precise_choice(args)[0])
+    engine = open_local_engine(resolve_model_path(args.model), n_threads=args.threads,
+                               precise=precise_choice(args)[0], **placement_choice(args))
     stopped_cleanly = False
 
     def ready(server) -> None:

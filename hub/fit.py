@@ -14,14 +14,23 @@
     usable RAM  = 85% of total RAM (the rest for the OS and the terminal)
 
     "fits in VRAM"           need <= usable VRAM
-    "fits in RAM"            otherwise, need <= usable RAM (CPU, or GPU with partial offload)
+    "fits with experts in RAM"  a mixture of experts on a GPU it does not fit whole: the plan the
+                             engine makes (model_backend.placement, through hub.split_speed) keeps
+                             every layer on the GPU and the routed experts of some layers in RAM,
+                             and those bytes fit in usable RAM
+    "fits in RAM"            otherwise, need <= usable RAM (CPU, or GPU with whole layers split)
     "will not fit"           otherwise
     "fit unknown"            RAM could not be read and was not entered
 
+A mixture of experts on a GPU goes by the engine's plan: "fits in VRAM" only where the planner puts
+everything on the GPU too (its margin is larger than this estimate's, so a model can need less than
+the usable VRAM and still be planned with experts in RAM).
+
 Speed (dgchat.hub.speed, with the machine profile): where a model fits, how long a 256-token answer
-takes on the device this engine build runs it on (the GPU when it fits there, layers split by memory
-when only part does, else the CPU). A model that fits but is predicted to need more than the limit
-(config `answer_seconds_limit`, default 90 s) is "too slow here" (`SpeedVerdict.too_slow`).
+takes on the device this engine build runs it on (the GPU when it fits there; a mixture of experts
+that does not, by the engine's plan with experts in RAM, hub.split_speed; other models with layers
+split by memory when only part does; else the CPU). A model that fits but is predicted to need more
+than the limit (config `answer_seconds_limit`, default 90 s) is "too slow here" (`SpeedVerdict.too_slow`).
 
     recommend(): the strongest model (the catalog's rank) that fits and, when speeds are known,
     answers within the limit. A model that fits in GPU memory is preferred over stronger ones that
@@ -43,13 +52,15 @@ from typing import TYPE_CHECKING
 from dgchat import assets
 from dgchat.hub.catalog import ArchInfo, CatalogEntry
 from dgchat.hub.hardware import Hardware, rebuild_command
-from dgchat.hub.speed import estimated_gpu_profile, predict, predict_split
+from dgchat.hub.speed import estimated_gpu_profile, predict, predict_split, shape_from_entry
+from dgchat.hub.split_speed import plan_for, predict_placed
 from dgchat.hub.util import format_bytes
 
 if TYPE_CHECKING:
     from dgchat.hub.catalog import Catalog
     from dgchat.hub.machine_profile import MachineProfile
     from dgchat.hub.speed import ModelShape, SpeedPrediction
+    from dgchat.model_backend.placement import Placement
 
 OVERHEAD_BASE = 512 * 1024**2
 OVERHEAD_FRACTION = 0.05
@@ -61,6 +72,7 @@ DISK_MARGIN = 256 * 1024**2
 
 class Fit(str, Enum):
     VRAM = "fits in VRAM"
+    EXPERTS_RAM = "fits with experts in RAM"
     RAM = "fits in RAM"
     NONE = "will not fit"
     UNKNOWN = "fit unknown"
@@ -83,10 +95,19 @@ class FitEstimate:
     disk_need: int  # bytes still to write to disk (0 when the model is already here)
     disk_ok: bool | None  # None: free disk unknown
     reason: str  # one line for people: what was compared with what
+    placement: Placement | None = None  # a mixture of experts on a GPU: the engine's plan for it
 
     @property
     def badge(self) -> str:
         return self.fit.value
+
+    @property
+    def fits(self) -> bool:
+        """It runs here (in VRAM, with experts in RAM, or from RAM)."""
+        return self.fit in FITS
+
+
+FITS = (Fit.VRAM, Fit.EXPERTS_RAM, Fit.RAM)
 
 
 def usable_vram(hw: Hardware) -> int:
@@ -121,17 +142,26 @@ def checkpoint_disk_need(entry: CatalogEntry) -> int:
 
 
 def estimate(size: int, arch: ArchInfo, context: int, hw: Hardware, *, on_disk: bool = False,
-             convert: bool = False, disk_need: int | None = None) -> FitEstimate:
+             convert: bool = False, disk_need: int | None = None, shape: ModelShape | None = None) -> FitEstimate:
     """The estimate for a model file of `size` bytes. on_disk: nothing to download;
     convert: a converted copy of about the same size is written after the download;
-    disk_need: the disk the download needs, when it is not the file (a checkpoint entry)."""
+    disk_need: the disk the download needs, when it is not the file (a checkpoint entry);
+    shape: the model's shape, which a mixture of experts on a GPU needs for the engine's plan."""
     weights, kv, overhead = memory_need(size, arch, context)
     need = weights + kv + overhead
     vram = usable_vram(hw)
     ram = usable_ram(hw)
-    if vram and need <= vram:
+    plan = plan_for(shape, arch, context, vram=vram, need=need) if vram and shape and shape.n_expert else None
+    if vram and need <= vram and (plan is None or plan.mode == "gpu"):
         fit = Fit.VRAM
         why = f"needs {format_bytes(need)}, {format_bytes(vram)} of GPU memory usable"
+    elif plan is not None and plan.mode == "experts-in-ram" and (ram is None or
+                                                                 plan.ram_bytes + OVERHEAD_BASE <= ram):
+        fit = Fit.EXPERTS_RAM
+        in_ram = f"{format_bytes(plan.ram_bytes)} in RAM" + (f" ({format_bytes(ram)} usable)" if ram else "")
+        why = (f"needs {format_bytes(need)}, more than the {format_bytes(vram)} of GPU memory: "
+               f"{format_bytes(plan.gpu_bytes)} on the GPU, the experts of {len(plan.experts_in_ram)} of "
+               f"{plan.n_layer} layers and the token embedding, {in_ram}")
     elif ram is None:
         fit = Fit.UNKNOWN
         why = f"needs {format_bytes(need)}; RAM unknown (enter it to get a verdict)"
@@ -151,7 +181,8 @@ def estimate(size: int, arch: ArchInfo, context: int, hw: Hardware, *, on_disk: 
     if disk_ok is False:
         why += f"; the download needs {format_bytes(disk_need)} of disk, {format_bytes(hw.disk_free)} free"
     return FitEstimate(fit=fit, need=need, weights=weights, kv_cache=kv, overhead=overhead, context=context,
-                       usable_vram=vram, usable_ram=ram, disk_need=disk_need, disk_ok=disk_ok, reason=why)
+                       usable_vram=vram, usable_ram=ram, disk_need=disk_need, disk_ok=disk_ok, reason=why,
+                       placement=plan)
 
 
 def estimate_entry(entry: CatalogEntry, hw: Hardware, *, context: int | None = None, size: int | None = None,
@@ -164,7 +195,17 @@ def estimate_entry(entry: CatalogEntry, hw: Hardware, *, context: int | None = N
         on_disk = True
     return estimate(size if size is not None else entry.size, entry.arch, context or entry.context, hw,
                     on_disk=on_disk, convert=entry.convert,
-                    disk_need=checkpoint_disk_need(entry) if entry.checkpoint else None)
+                    disk_need=checkpoint_disk_need(entry) if entry.checkpoint else None, shape=moe_shape(entry))
+
+
+def moe_shape(entry: CatalogEntry) -> ModelShape | None:
+    """A mixture of experts' shape from the catalog (what the engine's plan is made from), else None."""
+    if not entry.arch.n_expert:
+        return None
+    try:
+        return shape_from_entry(entry)
+    except ValueError:  # an entry without the widths of its matrices: the estimate goes by size alone
+        return None
 
 
 TOO_SLOW = "too slow here"
@@ -199,11 +240,20 @@ class SpeedVerdict:
 
 
 def speed_verdict(shape: ModelShape, est: FitEstimate, hw: Hardware, profile: MachineProfile,
-                  limit_s: float) -> SpeedVerdict:
+                  limit_s: float, arch: ArchInfo | None = None) -> SpeedVerdict:
     """The prediction on the device the model would run on with this engine build (and, where a GPU
-    is present that the build cannot offload to, on that GPU after rebuilding)."""
+    is present that the build cannot offload to, on that GPU after rebuilding). A mixture of experts
+    that does not fit the GPU whole is priced by the engine's plan (est.placement, or made here for
+    the GPU after a rebuild from `arch`; hub.split_speed)."""
     def on_gpu(gpu) -> SpeedPrediction:  # all layers on it when they fit, else split by its memory
         vram = usable_vram(replace(hw, gpu_offload=True))
+        plan = est.placement
+        if plan is None and vram and shape.n_expert and arch is not None:
+            plan = plan_for(shape, arch, est.context, vram=vram, need=est.need)
+        # a mixture of experts the GPU does not hold whole: the engine's plan, priced per device
+        # (block diffusion's steps are not priced per device yet: the share by memory below)
+        if plan is not None and plan.mode != "gpu" and shape.family != "block_diffusion":
+            return predict_placed(shape, gpu, profile.cpu, plan)
         if vram and est.need <= vram:
             return predict(shape, gpu)
         if vram:
@@ -250,7 +300,7 @@ def recommend(catalog: Catalog, hw: Hardware, *, on_disk: frozenset[str] | set[s
     fitting: list[tuple[tuple[int, int, int], CatalogEntry, FitEstimate]] = []
     for entry in catalog:
         est = estimate_entry(entry, hw, size=sizes.get(entry.name), on_disk=entry.name in on_disk)
-        if entry.bundled or est.fit not in (Fit.VRAM, Fit.RAM) or est.disk_ok is False:
+        if entry.bundled or est.fit not in FITS or est.disk_ok is False:
             continue
         fitting.append(((int(est.fit is Fit.VRAM), entry.rank, int(entry.name in on_disk)), entry, est))
     too_slow = [f for f in fitting if speeds is not None and (v := speeds.get(f[1].name)) is not None and v.too_slow]
@@ -273,11 +323,17 @@ def recommend(catalog: Catalog, hw: Hardware, *, on_disk: frozenset[str] | set[s
     if est.fit is Fit.VRAM:
         headline = "the strongest model that fits in GPU memory"
         notes = [f"it needs {format_bytes(est.need)} of the {format_bytes(est.usable_vram)} usable"]
-        faster_than = max((f for f in usable if f[2].fit is Fit.RAM and f[1].rank > entry.rank),
+        faster_than = max((f for f in usable if f[2].fit in (Fit.RAM, Fit.EXPERTS_RAM) and f[1].rank > entry.rank),
                           key=lambda f: f[1].rank, default=None)
         if faster_than is not None:
-            notes.append(f"preferred for speed over {faster_than[1].title}, which is stronger but would run from "
-                         "RAM, several times slower")
+            how = "with its experts in RAM" if faster_than[2].fit is Fit.EXPERTS_RAM else "from RAM"
+            notes.append(f"preferred for speed over {faster_than[1].title}, which is stronger but would run {how}, "
+                         "several times slower")
+    elif est.fit is Fit.EXPERTS_RAM and est.placement is not None:
+        headline = "the strongest model that fits with its experts in RAM"
+        notes = [(f"{format_bytes(est.placement.gpu_bytes)} on the GPU of the {format_bytes(est.usable_vram)} "
+                  f"usable, {format_bytes(est.placement.ram_bytes)} in RAM: the experts of "
+                  f"{len(est.placement.experts_in_ram)} of {est.placement.n_layer} layers and the token embedding")]
     else:
         headline = "the strongest model that fits in RAM"
         notes = [(f"it needs {format_bytes(est.need)} of the {format_bytes(est.usable_ram)} usable: 85% of the RAM, "

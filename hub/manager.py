@@ -43,7 +43,6 @@ from dgchat.hub.download import (
 from dgchat.hub.errors import DownloadCancelled, RegistryError, VerificationError
 from dgchat.hub.fit import (
     TOO_SLOW,
-    Fit,
     FitEstimate,
     Recommendation,
     SpeedVerdict,
@@ -99,7 +98,7 @@ class ModelRow:
         """The memory fit, or "too slow here" for a model that fits but answers slower than the limit."""
         if self.fit is None:
             return None
-        if self.speed is not None and self.speed.too_slow and self.fit.fit in (Fit.VRAM, Fit.RAM):
+        if self.speed is not None and self.speed.too_slow and self.fit.fits:
             return TOO_SLOW
         return self.fit.badge
 
@@ -112,6 +111,7 @@ class ModelRow:
             "path": str(self.path) if self.path else None,
             "fit": self.fit.badge if self.fit else None, "need": self.fit.need if self.fit else None,
             "fit_reason": self.fit.reason if self.fit else None, "recommended": self.recommended,
+            "placement": self.fit.placement.as_json() if self.fit and self.fit.placement else None,
             "partial": ({"done": self.partial.done, "total": self.partial.total} if self.partial else None),
             "needs_convert": self.needs_convert, "notes": list(self.notes), "badge": self.badge,
             "predicted": self.speed.prediction.as_dict() if self.speed else None,
@@ -313,10 +313,11 @@ class ModelManager:
 
     def _speed(self, entry: CatalogEntry | None, path: Path | None, fit: FitEstimate | None, hw: Hardware | None,
                profile: MachineProfile | None, limit_s: float) -> SpeedVerdict | None:
-        if profile is None or hw is None or fit is None or fit.fit not in (Fit.VRAM, Fit.RAM):
+        if profile is None or hw is None or fit is None or not fit.fits:
             return None
         shape = self._shape(entry, path)
-        return speed_verdict(shape, fit, hw, profile, limit_s) if shape is not None else None
+        arch = entry.arch if entry is not None else None  # the engine's plan for a GPU after a rebuild
+        return speed_verdict(shape, fit, hw, profile, limit_s, arch) if shape is not None else None
 
     def _cache_row(self, c: CachedGguf, hw: Hardware | None) -> ModelRow | None:
         try:

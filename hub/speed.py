@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -221,6 +222,17 @@ _QUANT_MIX: dict[str, tuple[str, str, str | None]] = {
     "Q5_K_S": ("q5_k", "q6_k", None), "Q5_K_M": ("q5_k", "q6_k", "q6_k"), "Q3_K_M": ("q3_k", "q6_k", "q4_k"),
     "Q2_K": ("q2_k", "q6_k", "q3_k"), "IQ4_XS": ("iq4_xs", "q6_k", None),
 }
+# A row whose width the type's block does not divide is stored as another type (llama-quant.cpp,
+# tensor_type_fallback): DiffusionGemma's ffn_down rows (2112, 704 wide) are q5_0 / q8_0 in a Q4_K_M
+# file, which is what brings the catalog shape to the file's ~16.9 GB (15.4 GB without it).
+_ROW_FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0", "q2_k": "q4_0", "q3_k": "q4_0",
+                 "iq4_xs": "iq4_nl"}
+
+
+def row_type(qtype: str, cols: int) -> str:
+    """The storage type llama-quantize gives a matrix of `cols`-wide rows asked to be `qtype` (the
+    k-quants' blocks are 256 weights wide; the 32-wide types divide every width in the catalog)."""
+    return _ROW_FALLBACK[qtype] if qtype in _ROW_FALLBACK and cols % 256 else qtype
 
 
 def quant_of(filename: str) -> str | None:
@@ -247,12 +259,12 @@ def shape_from_entry(entry: CatalogEntry) -> ModelShape:
     def add(table: dict[str, int], qtype: str, n: int) -> None:
         table[qtype] = table.get(qtype, 0) + n
 
-    def split(table: dict[str, int], n: int, per: int = 1) -> None:  # attn_v / ffn_down
+    def split(table: dict[str, int], n: int, per: int = 1, cols: int = 0) -> None:  # attn_v / ffn_down
         if more_bits:
-            add(table, more_bits, n // 2 * per)
-            add(table, bulk, (n - n // 2) * per)
+            add(table, row_type(more_bits, cols), n // 2 * per)
+            add(table, row_type(bulk, cols), (n - n // 2) * per)
         else:
-            add(table, bulk, n * per)
+            add(table, row_type(bulk, cols), n * per)
 
     d = a.n_embd
     for full in (False, True):
@@ -267,12 +279,12 @@ def shape_from_entry(entry: CatalogEntry) -> ModelShape:
             split(dense, layers * d * kv * head_dim)  # v (Gemma 4's full-attention layers use K as V)
         if a.n_ff:
             add(ffn, bulk, layers * 2 * d * a.n_ff)  # gate, up
-            split(ffn, layers * d * a.n_ff)  # down
+            split(ffn, layers * d * a.n_ff, cols=a.n_ff)  # down: rows n_ff wide
         if a.n_expert:
             add(ffn, "f32", layers * d * a.n_expert)  # the router stays f32
     if a.n_expert:
         add(expert, bulk, a.n_layer * 2 * d * a.n_ff_expert)
-        split(expert, a.n_layer * d * a.n_ff_expert)
+        split(expert, a.n_layer * d * a.n_ff_expert, cols=a.n_ff_expert)
     family = shape_family(entry.family)
     return ModelShape(
         family=family, n_layer=a.n_layer, n_embd=d, n_vocab=a.n_vocab, n_head=a.n_head, head_dim=a.head_dim,
@@ -431,10 +443,12 @@ def _sampler_int(shape: ModelShape, key: str, default: int) -> int:
 
 def predict(shape: ModelShape, dev: DeviceProfile, *, prompt_tokens: int = PROMPT_TOKENS,
             answer_tokens: int = ANSWER_TOKENS, steps: float | None = None, device: str | None = None,
-            device_name: str | None = None) -> SpeedPrediction:
+            device_name: str | None = None, decode: Callable[..., float] = decode_seconds) -> SpeedPrediction:
     """The time of an `answer_tokens` answer after a `prompt_tokens` prompt on `dev`.
     `steps` overrides the steps per canvas (default: the shape's typical count, else its limit; block
-    diffusion: steps per block, default block / block_tokens_per_step)."""
+    diffusion: steps per block, default block / block_tokens_per_step). `decode`: one decode's
+    seconds, decode_seconds's signature (hub.split_speed passes one for weights split across devices;
+    block diffusion always uses decode_seconds)."""
     p, a = prompt_tokens, answer_tokens
     if shape.family == "block_diffusion":  # `steps`: per block, B / tokens a step
         r = block_size(shape) / steps if steps else None
@@ -450,7 +464,7 @@ def predict(shape: ModelShape, dev: DeviceProfile, *, prompt_tokens: int = PROMP
     ar = None
     filled = None
     if shape.family == "diffusion_gemma":
-        total += decode_seconds(shape, dev, p, ctx=p, rows=1)  # the encoder over the prompt
+        total += decode(shape, dev, p, ctx=p, rows=1)  # the encoder over the prompt
         # answers that end early in a canvas spend its steps on fewer tokens: 256 / canvas_tokens
         # canvases (the last one in part)
         filled = min(shape.canvas_tokens, float(canvas)) if shape.canvas_tokens else None
@@ -458,11 +472,11 @@ def predict(shape: ModelShape, dev: DeviceProfile, *, prompt_tokens: int = PROMP
         n_canvas = max(1, math.ceil(canvases - 1e-9))
         for k in range(n_canvas):
             ctx = p + (k + 1) * canvas
-            step = decode_seconds(shape, dev, canvas, ctx=ctx, rows=canvas, head="dg")
+            step = decode(shape, dev, canvas, ctx=ctx, rows=canvas, head="dg")
             first_step = first_step or step
             share = min(1.0, canvases - k) if filled else 1.0
-            total += share * (per_canvas * step + decode_seconds(shape, dev, canvas, ctx=ctx, rows=1))
-        ar = decode_seconds(shape, dev, p, ctx=p, rows=1) + a * decode_seconds(
+            total += share * (per_canvas * step + decode(shape, dev, canvas, ctx=ctx, rows=1))
+        ar = decode(shape, dev, p, ctx=p, rows=1) + a * decode(
             shape, dev, 1, ctx=p + a // 2, rows=1, head="stats")
     else:
         block = _sampler_int(shape, "block_length", canvas)
@@ -471,10 +485,10 @@ def predict(shape: ModelShape, dev: DeviceProfile, *, prompt_tokens: int = PROMP
         cached = shape.kv_memory and shape.sampler.get("cache", "auto") in ("auto", "prefix", "dual")
         for k in range(n_canvas):
             seq = p + (k + 1) * canvas
-            full = decode_seconds(shape, dev, seq, ctx=seq, rows=block, head="stats")
+            full = decode(shape, dev, seq, ctx=seq, rows=block, head="stats")
             first_step = first_step or full
             if cached:
-                in_block = decode_seconds(shape, dev, block, ctx=seq, rows=block, head="stats")
+                in_block = decode(shape, dev, block, ctx=seq, rows=block, head="stats")
                 total += n_blocks * full + max(per_canvas - n_blocks, 0) * in_block
             else:
                 total += per_canvas * full

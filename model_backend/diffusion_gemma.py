@@ -112,12 +112,15 @@ class DiffusionGemmaEngine(DiffusionEngine):
 
     def soft_top_k(self, params: DiffusionParams, on_backend: bool) -> int | None:
         """How the self-conditioning soft embedding is computed: None for the exact product over
-        the whole vocabulary, k for each row's k most likely tokens. Auto: exact where the logits
-        are computed on a GPU or the vocabulary is small; top-k on a CPU for large vocabularies."""
+        the whole vocabulary, k for each row's k most likely tokens. Auto: exact in exact mode
+        (`--precise` promises transformers' numbers at every vocabulary size), where the logits are
+        computed on a GPU, or where the vocabulary is small; top-k on a CPU for large vocabularies."""
         if params.soft_embedding == "exact":
             return None
         if params.soft_embedding == "top-k":
             return SOFT_EMBEDDING_TOP_K
+        if self.precise:
+            return None
         if (on_backend and self.model.output_on_gpu) or self.model.n_vocab <= EXACT_SOFT_EMBEDDING_VOCAB:
             return None
         return SOFT_EMBEDDING_TOP_K

@@ -28,6 +28,7 @@ from dgchat.model_backend.logits_source import LlamaLogits
 from dgchat.model_backend.masked_diffusion import masked_denoiser
 from dgchat.model_backend.model_info import ModelInfo
 from dgchat.model_backend.param_resolution import resolve_params
+from dgchat.model_backend.placement import Placement
 from dgchat.model_backend.params import DiffusionParams
 from dgchat.model_backend.reference_sampler import ReferenceParams, reference_denoise
 from dgchat.model_backend.requests import CanvasTemplate, LogitsRequest, MaskedSetup
@@ -74,18 +75,30 @@ class DiffusionEngine:
         progress: Callable[[float], bool] | None = None,
         precise: bool = False,
         rpc_servers: str | Sequence[str] | None = None,
+        experts_on: str = "auto",
     ) -> DiffusionEngine:
         """This class on the model at `path`, whose header the caller has read and inspected
         (model_info.inspect_header), and which must be of this class's `family`: model_backend.loader's
         `load_engine` does both and picks the class, load models with that. llama.cpp loads the model
-        now. `n_threads` must have been checked (params.check_threads)."""
+        now. `n_threads` must have been checked (params.check_threads). Where the weights go is
+        decided here, once (model_backend/placement.py): `n_gpu_layers` forces llama.cpp's count,
+        `experts_on` (auto, cpu, gpu) where a mixture of experts' routed experts may go."""
         if info.family != cls.family:
             raise InvalidParameterError(f"{Path(path).name} is a {info.family} model, not one {cls.__name__} runs: "
                                         "load it with dgchat.model_backend.loader.load_engine")
         if rpc_servers:
             rpc.connect(rpc_servers)
-        model = llamacpp.LlamaModel(path, n_gpu_layers=n_gpu_layers, progress=progress, header=header)
+        # the KV cache and canvas buffers the plan reserves: the model's canvas, f32 KV when precise
+        placement = llamacpp.decide_placement(header, gpu_layers=n_gpu_layers, experts_on=experts_on,
+                                              canvas=int(info.defaults.get("gen_length") or 256),
+                                              kv_bytes_per_value=4 if precise else 2, kv_cache=info.has_kv_memory)
+        model = llamacpp.LlamaModel(path, progress=progress, header=header, placement=placement)
         return cls(model, info, n_threads=n_threads, precise=precise)
+
+    @property
+    def placement(self) -> Placement:
+        """Where the weights went (`dgchat generate --json`'s "placement", `model: info`)."""
+        return self.model.placement
 
     def close(self) -> None:
         if self._ctx is not None:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from dgchat.model_backend.events import FinalEvent, StepEvent
     from dgchat.model_backend.model_info import ModelInfo
     from dgchat.model_backend.params import DiffusionParams
+    from dgchat.model_backend.placement import Placement
     from dgchat.model_backend.requests import CanvasTemplate
 
 
@@ -50,6 +51,8 @@ class Engine(Protocol):
     def counts_tokens(self) -> bool: ...  # has the model's tokenizer: a context count before an answer
     @property
     def text_only(self) -> bool: ...  # samples with its own settings, sends text only: no canvas, no infill
+    @property
+    def placement(self) -> Placement | None: ...  # where the weights went (GPU, RAM); None: a server's
     def chat_prompt(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True) -> np.ndarray: ...
     def encode(self, text: str, *, special: bool = False) -> np.ndarray: ...
     def check_fits(self, prompt_tokens: int, params: DiffusionParams) -> None: ...

@@ -216,7 +216,8 @@ class DiffusionParams:
     # that computed the logits; dgchat's engine) or "host" (numpy); "auto" picks the backend if it can
     sampler_on: str = "auto"
     # DiffusionGemma: softmax @ E over the whole vocabulary ("exact") or each row's 256 most likely
-    # tokens ("top-k"); "auto": exact on a GPU or for vocabularies up to 65,536, else top-k
+    # tokens ("top-k"); "auto": exact in exact mode (--precise), on a GPU or for vocabularies up to
+    # 65,536, else top-k
     soft_embedding: str = "auto"
 
     def with_defaults(self, defaults: dict[str, Any]) -> DiffusionParams:

@@ -279,6 +279,11 @@ class RemoteEngine:
         return not self.is_dgchat
 
     @property
+    def placement(self) -> None:
+        """Where the server put the weights is the server's (its `dgchat serve` log says)."""
+        return None
+
+    @property
     def precise(self) -> None:
         """Exact mode is the server's to choose (dgchat serve --precise); it does not say which."""
         return None

@@ -297,9 +297,10 @@ class ModelSwitching(ChatPart):
         if block:  # the label names the variant
             writes = (f"writes: left to right, block after block ({block} tokens a block, fixed by the model; "
                       "steps are per block; no infill)\n")
+        placed = f"placement: {engine.placement.summary()}\n" if engine.placement is not None else ""
         text = (
             f"{info.name}\n{short_path(engine.path)}\n\narchitecture: {info.architecture} ({info.family})\n"
-            f"runs as: {engine.label}\n{writes}context: {engine.n_ctx_max:,} tokens\n"
+            f"runs as: {engine.label}\n{placed}{writes}context: {engine.n_ctx_max:,} tokens\n"
             f"temperature: {temperature}\nrecommended sampler: {defaults}"
         )
         try:  # this chat's settings and where each came from (as `dgchat generate --json` reports them)

@@ -12,6 +12,8 @@ arrays and plain Python values. One module per concern, each importable on its o
 - `quantize`: `quantize_model`, llama.cpp's quantizer, GGUF in, GGUF out.
 - `rpc_backend`: llama.cpp's RPC backend: `rpc_register_server`, `run_rpc_server`, and one-line
   fatal errors (`explain_engine_aborts`); model_backend/rpc.py checks servers before these run.
+- `offload`: `decide_placement`, model_backend/placement.py's plan for this machine's GPUs (their
+  free memory, $DGCHAT_GPU_MEMORY), and the tensor-override array llama.cpp takes.
 - `model`: `LlamaModel`, a loaded GGUF with its vocabulary and metadata.
 - `context`: `LlamaContext`, decoding batches into logits (or the head's statistics), `AbortFlag`.
 - `sampler_chain`: llama.cpp's sampler chain as examples/diffusion uses it (reference mode).
@@ -33,6 +35,7 @@ from dgchat.model_backend.llamacpp.library import (
     system_info,
 )
 from dgchat.model_backend.llamacpp.model import LlamaModel
+from dgchat.model_backend.llamacpp.offload import GPU_MEMORY_ENV, decide_placement, gpu_free_memory
 from dgchat.model_backend.llamacpp.quantize import quantize_model
 from dgchat.model_backend.llamacpp.rpc_backend import (
     RPC_MISSING,
@@ -55,10 +58,11 @@ from dgchat.model_backend.llamacpp.sampler_chain import (
 )
 
 __all__ = [
-    "AbortFlag", "BackendDevice", "ChainDraws", "DistSampler", "EngineInfo", "HEAD_RESULTS", "HeadRequest",
-    "HeadSetup", "LLAMA_DEFAULT_SEED", "LlamaContext", "LlamaModel", "OutputSpec", "RPC_MISSING", "SAMPLER_CHAIN",
-    "SamplerChain", "SelfConditioningWeights", "TOKEN_DATA", "abort_detail", "cpu_uses_amx", "engine_build_key",
-    "engine_info", "explain_engine_aborts", "local_gpu_devices", "local_gpu_present", "quantize_model",
-    "recent_log", "require_rpc", "rpc_devices", "rpc_register_server", "rpc_supported", "run_rpc_server",
-    "set_blas_threads", "set_rpc_server_timeouts", "set_verbose", "system_info", "use_extra_buffer_types",
+    "AbortFlag", "BackendDevice", "ChainDraws", "DistSampler", "EngineInfo", "GPU_MEMORY_ENV", "HEAD_RESULTS",
+    "HeadRequest", "HeadSetup", "LLAMA_DEFAULT_SEED", "LlamaContext", "LlamaModel", "OutputSpec", "RPC_MISSING",
+    "SAMPLER_CHAIN", "SamplerChain", "SelfConditioningWeights", "TOKEN_DATA", "abort_detail", "cpu_uses_amx",
+    "decide_placement", "engine_build_key", "engine_info", "explain_engine_aborts", "gpu_free_memory",
+    "local_gpu_devices", "local_gpu_present", "quantize_model", "recent_log", "require_rpc", "rpc_devices",
+    "rpc_register_server", "rpc_supported", "run_rpc_server", "set_blas_threads", "set_rpc_server_timeouts",
+    "set_verbose", "system_info", "use_extra_buffer_types",
 ]

@@ -38,6 +38,10 @@ _GGML_SIGNATURES = {
     "ggml_backend_dev_description": (ctypes.c_char_p, [ctypes.c_void_p]),
     "ggml_backend_dev_memory": (None, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
                                        ctypes.POINTER(ctypes.c_size_t)]),
+    # the buffer type llama.cpp's loader compares a tensor override with to keep a tensor in RAM
+    # (src/llama-model-loader.cpp: `overrides->buft == ggml_backend_cpu_buffer_type()`); it lives
+    # in libggml-base, the same library libllama calls it in
+    "ggml_backend_cpu_buffer_type": (ctypes.c_void_p, []),
 }
 _ggml_fns: dict[str, Callable] | None = None
 
@@ -128,3 +132,11 @@ def local_gpu_devices() -> list[BackendDevice]:
     devs = (g["ggml_backend_dev_get"](i) for i in range(g["ggml_backend_dev_count"]()))
     return [device_info(d) for d in devs
             if g["ggml_backend_dev_type"](d) in (DEV_GPU, DEV_IGPU) and not is_rpc_device(d)]
+
+
+def cpu_buffer_type() -> int:
+    """ggml's CPU buffer type (a pointer): a tensor override to it keeps the tensor in RAM."""
+    buft = ggml()["ggml_backend_cpu_buffer_type"]()
+    if not buft:
+        raise EngineError("this engine's ggml has no CPU buffer type")
+    return int(buft)

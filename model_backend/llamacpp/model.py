@@ -1,5 +1,6 @@
-"""`LlamaModel`: a GGUF loaded by llama.cpp (GPU offload when the build supports it, layers on
-registered RPC servers), its vocabulary and metadata. The header is checked before llama.cpp sees it."""
+"""`LlamaModel`: a GGUF loaded by llama.cpp (on the GPU, in RAM or both as a placement plans it:
+model_backend/placement.py; layers on registered RPC servers), its vocabulary and metadata. The
+header is checked before llama.cpp sees it."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from dgchat.model_backend.llamacpp.build_info import use_extra_buffer_types
 from dgchat.model_backend.llamacpp.devices import local_gpu_present
 from dgchat.model_backend.llamacpp.library import last_error_line
 from dgchat.model_backend.llamacpp.library import llama_cpp as _llama
+from dgchat.model_backend.llamacpp.offload import decide_placement, tensor_overrides
 from dgchat.model_backend.llamacpp.rpc_backend import rpc_in_use, rpc_model_closed, rpc_model_loaded
 from dgchat.model_backend.model_check import check_model_header
+from dgchat.model_backend.placement import Placement
 
 
 class LlamaModel:
@@ -31,7 +34,10 @@ class LlamaModel:
         n_gpu_layers: int | None = None,
         progress: Callable[[float], bool] | None = None,
         header: GgufHeader | None = None,
+        placement: Placement | None = None,
     ) -> None:
+        """placement: where the weights go (n_gpu_layers and the tensors kept in RAM); None plans
+        one here (llamacpp/offload.py) with `n_gpu_layers` forced when given."""
         self.path = Path(path)
         self.header = header if header is not None else read_gguf_header(self.path)
         # llama.cpp GGML_ASSERTs (aborts the process) on some out-of-range values: none reach it
@@ -41,9 +47,15 @@ class LlamaModel:
         # puts the RPC servers first and splits the layers by each device's free memory
         remote = rpc_probe.registered()
         gpu = local_gpu_present()
-        if n_gpu_layers is None:
-            n_gpu_layers = 999 if (gpu or remote) else 0
+        if placement is None:
+            placement = decide_placement(self.header, gpu_layers=n_gpu_layers)
+        self.placement = placement
+        n_gpu_layers = placement.gpu_layers
         params.n_gpu_layers = n_gpu_layers
+        # llama.cpp reads the patterns during the load; they are kept for the model's life anyway
+        self._overrides = tensor_overrides(placement.overrides())
+        if self._overrides is not None:
+            params.tensor_buft_overrides = ctypes.cast(self._overrides[0], ctypes.c_void_p)
         params.use_extra_bufts = use_extra_buffer_types()
         if remote and n_gpu_layers > 0 and not rpc_in_use():
             rpc_probe.check_before_load()  # llama.cpp aborts the process on a server that went away
@@ -72,9 +84,10 @@ class LlamaModel:
         self.n_ctx_train = int(_llama.llama_model_n_ctx_train(self._ptr))
         self.n_swa = int(_llama.llama_model_n_swa(self._ptr))
         self.n_gpu_layers = n_gpu_layers
-        # llama.cpp offloads the output layer (the LM head) once every repeating layer is offloaded
-        # (to the last device: an RPC server's may be a CPU, so only a local GPU counts here)
-        self.output_on_gpu = gpu and n_gpu_layers > self.n_layer
+        # llama.cpp offloads the output layer (the LM head) first: n_gpu_layers = N puts it and the
+        # last N-1 repeating layers on the GPU (src/llama-model.cpp, i_gpu_start), on the last
+        # device (an RPC server's may be a CPU, so only a local GPU counts here)
+        self.output_on_gpu = gpu and n_gpu_layers > 0
         self.is_diffusion_arch = bool(_llama.llama_model_is_diffusion(self._ptr))
         self._named: frozenset[int] | None = None  # bos, eos, ... ids (is_special)
 

@@ -243,3 +243,40 @@ def test_list_shows_every_column_where_there_is_room_or_with_wide(env: Path) -> 
     header = next(line for line in wide.splitlines() if line.lstrip().startswith("NAME"))
     assert header.split() == ["NAME", "SIZE", "DOWNLOAD", "DISK", "STATUS", "FIT", "ANSWER", "NEEDS"]
     assert "…" not in wide and "diffusiongemma-26b-a4b-q4_k_m " in wide
+
+
+# -- a GPU this machine does not have (issue 45) ------------------------------------------------------
+
+GPU_12G = ("--ram", "24G", "--vram", "12G")  # the reference profile's CPU with a 12 GiB GPU beside it
+DG_Q4 = "diffusiongemma-26b-a4b-q4_k_m"
+
+
+def test_list_for_a_12_gib_gpu_keeps_diffusion_gemmas_experts_in_ram(env: Path) -> None:
+    """Issue 45's done-criterion: on any machine (the one the project runs on has no GPU) `--vram 12G`
+    answers as for a GPU with 12 GiB free: DiffusionGemma Q4_K_M (16.9 GB) fits with the experts of
+    some layers in RAM, with a predicted time, estimated, and the step's parts on both routes."""
+    done = subprocess.run([sys.executable, "-m", "dgchat", "models", "list", "--json", *GPU_12G],
+                          capture_output=True, text=True, timeout=60, check=True)
+    listing = json.loads(done.stdout)
+    assert listing["hardware"]["vram_free"] == 12 * 1024**3 and listing["hardware"]["gpu_offload"]
+    dg = {m["name"]: m for m in listing["models"]}[DG_Q4]
+    assert dg["fit"] == "fits with experts in RAM" and "the experts of" in dg["fit_reason"]
+    assert dg["placement"]["mode"] == "experts-in-ram" and 0 < len(dg["placement"]["experts_in_ram"]) < 30
+    predicted = dg["predicted"]
+    assert predicted["device"] == "gpu+cpu" and predicted["seconds_per_answer"] > 0
+    assert predicted["basis"].startswith("estimated")
+    assert predicted["step"]["route"] == "copy" and predicted["other_route"]["route"] == "cpu"
+    assert "layers in RAM" in dg["speed"]
+    # the table says it in fewer words, with the same time
+    piped = subprocess.run([sys.executable, "-m", "dgchat", "models", "list", *GPU_12G], capture_output=True,
+                           text=True, timeout=60, env={k: v for k, v in pipe_env().items() if k != "COLUMNS"},
+                           check=True)
+    row = _rows(piped.stdout, [DG_Q4])[DG_Q4]
+    assert " experts in RAM " in row and row.endswith(_answer_times(listing)[DG_Q4])
+    assert "FIT: experts in RAM: every layer on the GPU" in piped.stdout
+
+
+@pytest.mark.parametrize("value", ["12X", "-3G", "twelve"])
+def test_a_bad_vram_is_one_line_naming_the_option(env: Path, capsys, value: str) -> None:
+    rc, _, err = run(capsys, "list", f"--vram={value}")
+    assert rc == 2 and err.startswith(f"dgchat: error: --vram: not a size: '{value}'") and err.count("\n") == 1

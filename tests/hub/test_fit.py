@@ -97,15 +97,18 @@ def test_recommendation() -> None:
     rec = recommend(cat, machine(ram_gib=64, vram_gib=24))
     assert rec.entry.name == "diffusiongemma-26b-a4b-q4_k_m" and rec.estimate.fit is Fit.VRAM
     assert "preferred for speed over DiffusionGemma 26B-A4B it, Q8_0" in rec.reason
-    # the same GPU with too little RAM for the Q8_0: the Q4_K_M is simply the strongest that fits
+    # with 24 GiB of RAM the Q8_0 still runs, its experts of some layers in RAM (issue 45), so the
+    # note stays; with too little RAM even for those, the Q4_K_M is simply the strongest that fits
     rec = recommend(cat, machine(ram_gib=24, vram_gib=24))
+    assert rec.entry.name == "diffusiongemma-26b-a4b-q4_k_m" and "would run with its experts in RAM" in rec.reason
+    rec = recommend(cat, machine(ram_gib=8, vram_gib=24))
     assert rec.entry.name == "diffusiongemma-26b-a4b-q4_k_m" and "preferred for speed" not in rec.reason
-    # 8 GB GPU: a 7-8B Q4 in VRAM (SDAR 8B, rank 78, above Dream's 60) beats a 26B from RAM, and the
-    # reason says it is for speed
+    # 8 GB GPU: a 7-8B Q4 in VRAM (SDAR 8B, rank 78, above Dream's 60) beats a 26B with its experts
+    # in RAM, and the reason says it is for speed
     rec = recommend(cat, machine(ram_gib=64, vram_gib=8))
     assert rec.entry.name == "sdar-8b-chat-q4_k_m" and rec.estimate.fit is Fit.VRAM
-    assert "preferred for speed over DiffusionGemma 26B-A4B it, Q8_0, which is stronger but would run from RAM" \
-        in rec.reason
+    assert ("preferred for speed over DiffusionGemma 26B-A4B it, Q8_0, which is stronger but would run with its "
+            "experts in RAM") in rec.reason
     # CPU only, 23.5 GiB (20.0 GiB usable): DiffusionGemma Q4 needs 18.4 GiB, so it fits and,
     # being the strongest that fits, is the one recommended (the report of issue 16)
     rec = recommend(cat, machine(ram_gib=23.5, offload=False))

@@ -35,15 +35,8 @@ from dgchat.npc.errors import LinesFileError
 from dgchat.npc.generator import LineSpec
 from dgchat.npc.templates import parse_template
 
-SAMPLER_KEYS = {
-    "temperature": (int, float),
-    "top_p": (int, float),
-    "top_k": (int,),
-    "steps": (int,),
-    "algorithm": (str,),
-    "alg_temp": (int, float),
-    "block_length": (int,),
-}
+# the sampler settings a line may set; their types and ranges are DiffusionParams.FIELDS'
+SAMPLER_KEYS = ("temperature", "top_p", "top_k", "steps", "algorithm", "alg_temp", "block_length")
 LINE_KEYS = {"character", "context", "situation", "template", "variables", "length", "count", "seed", *SAMPLER_KEYS}
 MAX_ENTRIES = 10_000
 
@@ -101,9 +94,11 @@ def _check_values(where: str, table: Mapping[str, Any], allowed: set[str]) -> di
         if key not in allowed:
             raise LinesFileError(f"{where}: unknown key `{key}` (allowed: {', '.join(sorted(allowed))})")
         if key in SAMPLER_KEYS:
-            if isinstance(value, bool) or not isinstance(value, SAMPLER_KEYS[key]):
-                raise LinesFileError(f"{where}: `{key}` has the wrong type ({type(value).__name__})")
-            if key in ("temperature", "top_p", "alg_temp"):
+            spec = DiffusionParams.FIELDS[key]
+            if not spec.has_type(value):
+                raise LinesFileError(f"{where}: `{key}` has the wrong type ({type(value).__name__}; "
+                                     f"it takes {spec.what})")
+            if spec.kind is float:
                 value = float(value)
         elif key in ("character", "context", "situation", "template"):
             if not isinstance(value, str):

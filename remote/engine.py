@@ -38,6 +38,10 @@ What a server cannot give, and what the app must do instead:
   ones) are dropped by `resolve()` and refused by `generate()`.
 - `path` is not a file: it is `Path(model id)`; `url` says where the model is. `precise` is None:
   exact mode is the server's choice.
+
+The text and vocabulary methods (and `RemotePrompt`, `ShownTokens`) are in remote/vocabulary.py,
+which settings go on the wire and the request body in remote/request_body.py; this module reads the
+server's stream back into events.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +63,7 @@ from dgchat.model_backend.events import FinalEvent, GenerationStats, StepEvent, 
 from dgchat.model_backend.model_info import BLOCK_VARIANTS, ModelInfo
 from dgchat.model_backend.param_resolution import resolve_params
 from dgchat.model_backend.params import DiffusionParams
-from dgchat.remote import limits, wire
+from dgchat.remote import wire
 from dgchat.remote.client import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_DEADLINE,
@@ -69,23 +73,12 @@ from dgchat.remote.client import (
 )
 from dgchat.remote.errors import RemoteApiError
 from dgchat.remote.limits import AnswerBudget
+from dgchat.remote.request_body import body_for, flag, unsupported_settings
+from dgchat.remote.vocabulary import RemotePrompt, RemoteVocabulary, ShownTokens
 
 SYNTHETIC_BASE = 1 << 30  # ids of text-only progress pieces: far above any vocabulary
 DEFAULT_CONTEXT = 8192  # a server that does not say its context length
 DEFAULT_CONCURRENCY = 4  # vLLM's DiffusionGemma recipe serves --max-num-seqs 4
-# DiffusionParams fields dgchat serve takes in its `dgchat` extension object (server/openai_api.py)
-DGCHAT_WIRE = ("steps", "gen_length", "block_length", "top_k", "algorithm", "cache", "alg_temp", "threshold",
-               "factor", "cfg_scale", "eps", "entropy_bound", "t_min", "t_max", "pad_bias")
-OPENAI_WIRE = ("temperature", "top_p", "seed", "max_tokens", "logit_bias")
-VLLM_EXTRA = ("top_k",)  # vLLM's sampling extension
-# what no server takes: a request with one of these set (and not at the server's default) is refused
-_NOT_ON_THE_WIRE = ("gumbel", "mode", "early_stop", "stability_threshold", "confidence_threshold",
-                    "autoregressive", "sampler_on", "soft_embedding")
-
-
-def flag(name: str) -> str:
-    """A DiffusionParams field as the command line spells it."""
-    return {"early_stop": "--no-early-stop", "autoregressive": "--ar"}.get(name, "--" + name.replace("_", "-"))
 
 
 def model_family(details: wire.DgchatDetails, context: int) -> tuple[str, str, int | None]:
@@ -103,73 +96,6 @@ def model_family(details: wire.DgchatDetails, context: int) -> tuple[str, str, i
     return "remote", "remote", None
 
 
-class RemotePrompt(np.ndarray):
-    """What `chat_prompt()`/`encode()` return for a remote engine: no tokens (the server has the
-    tokenizer), the messages or text to send instead."""
-
-    messages: list[dict[str, Any]] | None
-    text: str | None
-    suffix: str | None  # completions only: the text after the answer (dgchat serve fills in between)
-
-    def __new__(cls, messages: Sequence[dict[str, Any]] | None = None, text: str | None = None,
-                suffix: str | None = None) -> RemotePrompt:
-        obj = np.zeros(0, dtype=np.int32).view(cls)
-        obj.messages = [dict(m) for m in messages] if messages is not None else None
-        obj.text = text
-        obj.suffix = suffix
-        return obj
-
-    def __array_finalize__(self, obj: Any) -> None:
-        self.messages = getattr(obj, "messages", None)
-        self.text = getattr(obj, "text", None)
-        self.suffix = getattr(obj, "suffix", None)
-
-    def same_input(self, other: RemotePrompt) -> bool:
-        return self.messages == other.messages and self.text == other.text and self.suffix == other.suffix
-
-
-class ShownTokens:
-    """What a server has told of its vocabulary: its size and end tokens, and the pieces (and
-    special tokens) it has shown so far (see the module docstring). What it keeps is bounded
-    (limits.MAX_PIECES tokens, limits.MAX_PIECE_TOTAL_CHARS characters): a server that shows ever
-    new token ids fails (RemoteApiError) instead of filling the memory."""
-
-    def __init__(self, n_vocab: int, end_tokens: Sequence[int], *, url: str = "") -> None:
-        self.n_vocab = n_vocab
-        self.url = url
-        self.ends = np.array(sorted(set(int(t) for t in end_tokens)), dtype=np.int32)
-        self.end_set = frozenset(int(t) for t in self.ends)
-        self.pieces: dict[int, str] = {}
-        self.special: set[int] = set(int(t) for t in end_tokens)
-        self._chars = 0
-
-    @property
-    def vocab_limit(self) -> int:
-        """Token ids a server may show are below this."""
-        return self.n_vocab or limits.MAX_VOCAB
-
-    def remember(self, tokens: Sequence[int], texts: Sequence[str | None], special: Sequence[int] = ()) -> None:
-        """Pieces (and special tokens) a server has shown; call with the engine's lock held."""
-        pieces = self.pieces
-        for t, text in zip(tokens, texts):
-            if text is None:
-                continue
-            old = pieces.get(t)
-            if old is None and len(pieces) >= limits.MAX_PIECES:
-                raise RemoteApiError(f"{self.url} showed more than {limits.MAX_PIECES} distinct tokens; stopped "
-                                     "reading (a vocabulary is smaller)", url=self.url, status=502)
-            self._chars += len(text) - (len(old) if old is not None else 0)
-            if self._chars > limits.MAX_PIECE_TOTAL_CHARS:
-                raise RemoteApiError(f"{self.url} showed more than {limits.MAX_PIECE_TOTAL_CHARS} characters of "
-                                     "token text; stopped reading", url=self.url, status=502)
-            pieces[t] = text
-        if special:
-            self.special.update(special)
-            if len(self.special) > limits.MAX_PIECES:
-                raise RemoteApiError(f"{self.url} marked more than {limits.MAX_PIECES} tokens special; stopped "
-                                     "reading", url=self.url, status=502)
-
-
 @dataclass
 class _Choice:
     """The running state of one choice of a stream."""
@@ -184,8 +110,9 @@ class _Choice:
     deltas: int = 0  # text deltas received: each carries at least one token
 
 
-class RemoteEngine:
-    """One model on an OpenAI-compatible server (see the module docstring)."""
+class RemoteEngine(RemoteVocabulary):
+    """One model on an OpenAI-compatible server (see the module docstring). Its text and vocabulary
+    methods are RemoteVocabulary's (remote/vocabulary.py), its request bodies request_body.py's."""
 
     def __init__(self, client: RemoteClient, model: wire.ServerModel, *, live_canvas: bool = True,
                  max_concurrency: int = DEFAULT_CONCURRENCY) -> None:
@@ -288,68 +215,6 @@ class RemoteEngine:
         """Exact mode is the server's to choose (dgchat serve --precise); it does not say which."""
         return None
 
-    # -- text -----------------------------------------------------------------------------------
-    def chat_prompt(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True) -> RemotePrompt:
-        # add_generation_prompt=False is a context count's question: unknown remotely either way
-        return RemotePrompt(messages=messages)
-
-    def encode(self, text: str, *, special: bool = False) -> RemotePrompt:
-        if special:
-            raise InvalidParameterError("a raw prompt with control tokens (--raw) needs the model's tokenizer; "
-                                        "it is not available over --server")
-        return RemotePrompt(text=text)
-
-    def piece(self, token: int) -> str:
-        return self.shown.pieces.get(int(token), "")
-
-    def detokenize(self, tokens: np.ndarray | Sequence[int]) -> str:
-        pieces = self.shown.pieces
-        special = self.shown.special
-        return "".join(pieces.get(int(t), "") for t in tokens if int(t) not in special)
-
-    def is_end(self, token: int) -> bool:
-        return int(token) in self.shown.end_set
-
-    def is_special(self, token: int) -> bool:
-        return int(token) in self.shown.special
-
-    # -- the vocabulary, as far as the server told it (engine_protocol.Engine) ------------------
-    @property
-    def n_vocab(self) -> int:
-        """The server's vocabulary size (dgchat serve says it; 0 for other servers)."""
-        return self.shown.n_vocab
-
-    def eog_ids(self) -> np.ndarray:
-        return self.shown.ends.copy()
-
-    @property
-    def eos(self) -> int | None:
-        """The lowest end token the server named (it does not say which one is eos)."""
-        ends = self.shown.ends
-        return int(ends[0]) if ends.size else None
-
-    @property
-    def end_token(self) -> int | None:
-        return self.eos  # no end-of-turn id on the wire
-
-    @property
-    def added_bos(self) -> int | None:
-        return None  # the server adds what its model adds
-
-    def tokenize(self, text: str, *, special: bool = False) -> np.ndarray:
-        raise InvalidParameterError("counting or spelling tokens needs the model's tokenizer; it is not "
-                                    "available over --server")
-
-    def token_bytes(self, token: int) -> bytes:
-        if self.is_special(token):
-            return b""
-        return self.shown.pieces.get(int(token), "").encode("utf-8")
-
-    def control_tokens(self) -> tuple[int, ...]:
-        """The special tokens shown so far, other than end tokens (grows as the server shows more)."""
-        shown = self.shown
-        return tuple(sorted(t for t in shown.special if 0 <= t < shown.n_vocab and t not in shown.end_set))
-
     # -- parameters -----------------------------------------------------------------------------
     def resolve(self, params: DiffusionParams | None = None) -> DiffusionParams:
         """Unset settings filled as the server's engine fills them. A dgchat server reports its model's
@@ -394,15 +259,7 @@ class RemoteEngine:
 
     def unsupported(self, params: DiffusionParams) -> list[str]:
         """Settings in `params` that this server cannot take (compared with the defaults)."""
-        plain = DiffusionParams()
-        wire_names = set(OPENAI_WIRE) | (set(DGCHAT_WIRE) if self.is_dgchat else set(VLLM_EXTRA))
-        out = []
-        for f in fields(DiffusionParams):
-            value = getattr(params, f.name)
-            if f.name in wire_names or value == getattr(plain, f.name) or value == self._defaults.get(f.name):
-                continue
-            out.append(f.name)
-        return out
+        return unsupported_settings(params, dgchat=self.is_dgchat, defaults=self._defaults)
 
     def check_fits(self, prompt_tokens: int, params: DiffusionParams) -> None:
         """Only the answer's budget can be checked here (the prompt's length is the server's to
@@ -418,28 +275,7 @@ class RemoteEngine:
             raise InvalidParameterError("a remote engine takes the prompt from its own chat_prompt()/encode() "
                                         "(token ids cannot be sent to a server)")
         self.refuse_unsupported(params)
-        body: dict[str, Any] = {"model": self.model_id, "n": n, "seed": int(params.seed),
-                                "stream_options": {"include_usage": True}}
-        if params.max_tokens is not None:
-            body["max_tokens"] = int(params.max_tokens)
-        for name in ("temperature", "top_p"):
-            if getattr(params, name) is not None:
-                body[name] = float(getattr(params, name))
-        if params.logit_bias:
-            body["logit_bias"] = {str(int(t)): float(b) for t, b in params.logit_bias}
-        if self.is_dgchat:
-            ext = {k: getattr(params, k) for k in DGCHAT_WIRE if getattr(params, k) is not None}
-            ext["canvas" if self.live_canvas else "final"] = True  # the final record: tokens, stop reason, stats
-            body["dgchat"] = ext
-        elif params.top_k:
-            body["top_k"] = int(params.top_k)
-        if prompt.messages is not None:
-            body["messages"] = prompt.messages
-            return "/v1/chat/completions", body
-        body["prompt"] = prompt.text or ""
-        if prompt.suffix:
-            body["suffix"] = prompt.suffix
-        return "/v1/completions", body
+        return body_for(prompt, params, model=self.model_id, n=n, dgchat=self.is_dgchat, live_canvas=self.live_canvas)
 
     # -- generation -----------------------------------------------------------------------------
     def generate(self, prompt_tokens: np.ndarray, params: DiffusionParams | None = None, *,

@@ -1,8 +1,9 @@
 """The API server: routes, the engine worker and its queue, cancellation, graceful shutdown.
 
 HTTP is uvicorn (h11's parser, protocol.py's deadlines) running the Starlette app of asgi.py; this
-module holds what the routes do. One worker thread owns the engine (service.py): the event loop
-never generates, one request generates at a time, `max_queue` wait, the rest get 429.
+module holds what the routes do (/v1/infill's handler is infill.py's, on the job helpers here). One
+worker thread owns the engine (service.py): the event loop never generates, one request generates
+at a time, `max_queue` wait, the rest get 429.
 """
 
 from __future__ import annotations
@@ -26,18 +27,7 @@ from starlette.routing import Route
 from dgchat import __version__
 from dgchat.model_backend.engine_protocol import LocalEngine
 from dgchat.model_backend.errors import DgchatError, EngineError, GenerationCancelled, InvalidParameterError
-from dgchat.model_backend.params import DiffusionParams
-from dgchat.npc.cards import find_card, load_cards, parse_card
-from dgchat.npc.generator import (
-    LENGTH_PRESETS,
-    MAX_COUNT,
-    MAX_LINE_TOKENS,
-    NO_TEMPLATES,
-    LineSpec,
-    ModelMeta,
-    NpcGenerator,
-)
-from dgchat.npc.templates import parse_template, plan_canvas
+from dgchat.npc.generator import ModelMeta
 from dgchat.server import DEFAULT_PORT, openai_api
 from dgchat.server.asgi import (
     SSE_DONE,
@@ -52,6 +42,7 @@ from dgchat.server.asgi import (
     wait_for_disconnect,
 )
 from dgchat.server.errors import ApiError
+from dgchat.server.infill import InfillRoute
 from dgchat.server.logs import escape, quiet_uvicorn, write_stderr
 from dgchat.server.protocol import protocol_class
 from dgchat.server.service import GenerationService, Job, QueueFull, ShuttingDown
@@ -152,17 +143,16 @@ class ApiServer:
         self._serving: asyncio.Task | None = None
         self._stopping = False
         self._stopped = asyncio.Event()
-        self._npc = None
-        self._npc_lock = threading.Lock()
         self._details: dict[str, Any] | None = None
         self.address: tuple[str, int] | None = None
         self.max_head = MAX_HEAD
+        self.infill = InfillRoute(self)
         self.app = build_app(self, [
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/v1/models/{model_id:path}", self._model, methods=["GET"]),
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/v1/completions", self._completions, methods=["POST"]),
-            Route("/v1/infill", self._infill, methods=["POST"]),
+            Route("/v1/infill", self.infill.handle, methods=["POST"]),
             Route("/health", self._health, methods=["GET"]),
         ])
 
@@ -285,10 +275,11 @@ class ApiServer:
         return json_response({"status": "ok", "model": self.model_id, **self.service.status()})
 
     # -- generation routes --------------------------------------------------------------------
-    async def _body(self, request: Request) -> Any:
+    # read_body, off_loop, submit and run_job are every generating route's steps, infill.py's too
+    async def read_body(self, request: Request) -> Any:
         return await read_json(request, self.config.max_body, self.config.body_timeout)
 
-    async def _off_loop(self, fn: Callable[[], Any]) -> Any:
+    async def off_loop(self, fn: Callable[[], Any]) -> Any:
         """Run request preparation (tokenization, validation) on a helper thread."""
         try:
             return await asyncio.get_running_loop().run_in_executor(None, fn)
@@ -297,7 +288,7 @@ class ApiServer:
         except DgchatError as exc:
             raise ApiError(400, str(exc), code="invalid_parameter") from None
 
-    def _submit(self, fn) -> Job:
+    def submit(self, fn) -> Job:
         if self._stopping:
             raise ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
         try:
@@ -338,7 +329,7 @@ class ApiServer:
         finally:
             watcher.cancel()
 
-    async def _run_job(self, request: Request, job: Job) -> Any:
+    async def run_job(self, request: Request, job: Job) -> Any:
         try:
             async with self._cancel_on_disconnect(request, job):
                 return await job.wait()
@@ -349,13 +340,13 @@ class ApiServer:
                 self.service.cancel(job)
 
     async def _chat(self, request: Request) -> Response:
-        body = await self._body(request)
-        plan = await self._off_loop(lambda: openai_api.prepare_chat(body, self.engine))
+        body = await self.read_body(request)
+        plan = await self.off_loop(lambda: openai_api.prepare_chat(body, self.engine))
         return await self._generate(request, plan, "chat.completion", "chatcmpl")
 
     async def _completions(self, request: Request) -> Response:
-        body = await self._body(request)
-        plan = await self._off_loop(lambda: openai_api.prepare_completion(body, self.engine))
+        body = await self.read_body(request)
+        plan = await self.off_loop(lambda: openai_api.prepare_completion(body, self.engine))
         return await self._generate(request, plan, "text_completion", "cmpl")
 
     def _usage(self, plan, results) -> dict[str, int]:
@@ -375,8 +366,8 @@ class ApiServer:
                 "system_fingerprint": f"dgchat-{__version__}"}
         chat = plan.kind == "chat"
         if not plan.stream:
-            job = self._submit(lambda engine, cancel, emit: openai_api.run_plan(plan, engine, cancel, None))
-            results = await self._run_job(request, job)
+            job = self.submit(lambda engine, cancel, emit: openai_api.run_plan(plan, engine, cancel, None))
+            results = await self.run_job(request, job)
             if chat:
                 choices = [{"index": r.index, "message": {"role": "assistant", "content": r.text},
                             "finish_reason": r.finish_reason, "logprobs": None} for r in results]
@@ -388,7 +379,7 @@ class ApiServer:
 
         # streaming: the response starts when the job does, so a full queue is still a 429 and a
         # request refused at shutdown still a 503
-        job = self._submit(lambda engine, cancel, emit: openai_api.run_plan(plan, engine, cancel, emit))
+        job = self.submit(lambda engine, cancel, emit: openai_api.run_plan(plan, engine, cancel, emit))
         events = job.stream()
         try:
             async with self._cancel_on_disconnect(request, job):
@@ -448,109 +439,6 @@ class ApiServer:
 
         return EventStream(stream(), on_close)
 
-    # -- /v1/infill ---------------------------------------------------------------------------
-    def _generator(self) -> NpcGenerator:
-        with self._npc_lock:
-            if self._npc is None:
-                self._npc = NpcGenerator(self.engine)
-            return self._npc
-
-    def _prepare_infill(self, body: Any):
-        if not isinstance(body, dict):
-            raise openai_api.bad("the request body must be a JSON object")
-        known = {"template", "length", "variables", "character", "context", "situation", "n", "seed", "temperature",
-                 "top_p", "model", "max_attempts", "dgchat", "user"}
-        unknown = [k for k in body if k not in known]
-        if unknown:
-            name = unknown[0][:40]
-            raise openai_api.bad(f"unknown field `{name}` (known: {', '.join(sorted(known))})", name)
-        template = body.get("template")
-        length = body.get("length")
-        if template is None and length is not None:  # a free line: no template, a length budget
-            if not ((isinstance(length, str) and length in LENGTH_PRESETS) or (
-                    isinstance(length, int) and not isinstance(length, bool) and 1 <= length <= MAX_LINE_TOKENS)):
-                raise openai_api.bad(f"`length` must be one of {', '.join(LENGTH_PRESETS)} or 1..{MAX_LINE_TOKENS} "
-                                     "tokens", "length")
-        elif length is not None:
-            raise openai_api.bad("give `template` (a line with holes) or `length` (a free line), not both", "length")
-        elif not isinstance(template, str) or not template:
-            raise openai_api.bad("`template` must be a non-empty string, e.g. \"Halt, {player}! None may pass the "
-                                 "{___} after dark.\" (or give `length` for a free line)", "template")
-        if template is not None and len(template) > MAX_TEMPLATE:
-            raise openai_api.bad(f"`template` must be at most {MAX_TEMPLATE} characters", "template")
-        variables = body.get("variables", {})
-        if not isinstance(variables, dict) or not all(
-                isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in variables.values()):
-            raise openai_api.bad("`variables` must be an object of name -> string or number", "variables")
-        if len(variables) > MAX_VARIABLES:
-            raise openai_api.bad(f"`variables` takes at most {MAX_VARIABLES} names", "variables")
-        character = body.get("character")
-        if character is None:
-            card = parse_card({"name": "NPC"})
-        elif isinstance(character, str):
-            card = find_card(load_cards(self.config.cards), character)
-        elif isinstance(character, dict):
-            card = parse_card(character, "character")
-        else:
-            raise openai_api.bad("`character` must be a card id, a card object, or absent", "character")
-        for key in ("context", "situation"):
-            if not isinstance(body.get(key, ""), str):
-                raise openai_api.bad(f"`{key}` must be a string", key)
-        n = openai_api._int(body, "n", 1, MAX_COUNT, 1)
-        max_attempts = openai_api._int(body, "max_attempts", 1, 8, 4)
-        ext = openai_api.parse_dgchat(body, self.engine)
-        for key in openai_api.STREAM_KEYS:
-            ext.pop(key, None)
-        params = DiffusionParams(temperature=openai_api._float(body, "temperature", 0.0, 2.0),
-                                 top_p=openai_api.parse_top_p(body), **ext)
-        params.validate()
-        spec = LineSpec(card=card, context=body.get("context", ""), situation=body.get("situation", ""),
-                        template=template, variables={str(k): str(v) for k, v in variables.items()}, count=n,
-                        seed=openai_api.parse_seed(body), params=params,
-                        **({"length": length} if length is not None else {}))
-        spec.validate()
-        if template is not None and self.engine.info.block_diffusion:
-            raise ApiError(400, f"`template` (a line with holes) is not supported by this model, {self.engine.label}: "
-                                f"{NO_TEMPLATES}", param="template", code="unsupported_parameter")
-        generator = self._generator()
-        if template is None:
-            return spec, int(generator.prompt(spec).size), max_attempts
-        filled = parse_template(template).fill(spec.variables)
-        if not filled.holes:
-            raise openai_api.bad("`template` has no hole ({___}): nothing for the model to fill", "template")
-        prompt = generator.prompt(spec, filled)
-        # lay the line out once now: a template the tokenizer cannot keep byte-identical fails here
-        plan_canvas(filled, [h.default_length for h in filled.holes], generator.tokenizer, fill_token=0)
-        return spec, int(prompt.size), max_attempts
-
-    async def _infill(self, request: Request) -> Response:
-        body = await self._body(request)
-        spec, prompt_tokens, max_attempts = await self._off_loop(lambda: self._prepare_infill(body))
-        generator = self._generator()
-
-        def work(engine: LocalEngine, cancel: Any, emit: Any):
-            g = replace_attempts(generator, max_attempts)
-            return g.generate(spec, cancel=cancel)
-
-        batch = await self._run_job(request, self._submit(work))
-        choices = []
-        completion = 0
-        for v in batch.variants:
-            completion += sum(h.tokens for h in v.holes) if v.holes else len(v.tokens)  # a free line: its tokens
-            choices.append({"index": v.index, "text": v.text, "holes": [{"text": h.text, "tokens": h.tokens}
-                                                                       for h in v.holes],
-                            "seed": v.seed, "attempt": v.attempt, "score": v.score,
-                            "finish_reason": "rejected" if v.problem else "stop", "problem": v.problem,
-                            # what an export records (dgchat npc --server rebuilds the LineBatch from these)
-                            "stop_reason": v.stop_reason, "tokens": v.tokens, "settings": v.settings,
-                            "length_scores": [[list(lengths), score] for lengths, score in v.length_scores]})
-        return json_response({"id": f"infill-{secrets.token_hex(12)}", "object": "dgchat.infill",
-                              "created": int(time.time()), "model": self.model_id, "character": spec.card.id,
-                              "choices": choices,
-                              "dgchat": {"settings": batch.settings, "model": batch.model.as_dict()},
-                              "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                                        "total_tokens": prompt_tokens + completion}})
-
 
 def block_details(engine: LocalEngine) -> dict[str, Any]:
     """/v1/models' `attention_block` and `variant`: a block-diffusion model's block size and variant,
@@ -560,21 +448,6 @@ def block_details(engine: LocalEngine) -> dict[str, Any]:
     if not engine.info.block_diffusion or not block:
         return {"attention_block": None, "variant": None}
     return {"attention_block": int(block), "variant": str(info.preset)}
-
-
-MAX_TEMPLATE = 4096  # characters of an /v1/infill template
-MAX_VARIABLES = 256
-
-
-def replace_attempts(generator, max_attempts: int):
-    """The shared generator with another max_attempts (a shallow copy shares its caches)."""
-    if generator.max_attempts == max_attempts:
-        return generator
-    import copy
-
-    g = copy.copy(generator)
-    g.max_attempts = max_attempts
-    return g
 
 
 # -- running ----------------------------------------------------------------------------------------
@@ -593,7 +466,7 @@ async def serve(engine: LocalEngine, config: ServeConfig, *, ready: Callable[[Ap
         server.service.join(2.0)
         raise
     loop = asyncio.get_running_loop()
-    await loop.run_in_executor(None, server._generator)  # scan the vocabulary once, before the first request
+    await loop.run_in_executor(None, server.infill.generator)  # scan the vocabulary once, before the first request
     stop = stop or asyncio.Event()
     signals = 0
 

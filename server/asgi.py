@@ -1,8 +1,8 @@
 """The HTTP face of the API: a Starlette app (routes and middleware) for uvicorn.
 
 Everything HTTP lives here and in protocol.py; app.py holds the routes' logic (the engine worker,
-the queue, cancellation) and openai_api.py the request parsing, neither of which knows about the
-stack. Middleware, outermost first:
+the queue, cancellation; /v1/infill's in infill.py) and openai_api.py and request_fields.py the
+request parsing, none of which knows about the stack. Middleware, outermost first:
 
 1. `Guard`: the one-line access log (escaped, the path as sent) and the last line of defence: an
    exception nothing else handled becomes a JSON 500 and one log line, never a traceback.

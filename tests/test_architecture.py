@@ -68,14 +68,9 @@ SIZE_ALLOWED: dict[str, str] = {
         "to bottom and run with `python -m`, never imported by the rest of dgchat",
     "convert/default_model/train_masked.py":
         "the masked sibling's training script, run with `python -m` like train_default, whose machinery it reuses",
-    "server/openai_api.py": "over the limits before the size check (issue 44); not split yet",
     # Over the limits when the size check came (issue 44) and not split in that step:
     "hub/download.py": "over the limits before the size check (issue 44); not split yet",
-    "hub/manager.py": "over the limits before the size check (issue 44); not split yet",
     "hub/speed.py": "over the limits before the size check (issue 44); not split yet",
-    "model_backend/engine.py": "over the limits before the size check (issue 44); not split yet",
-    "remote/engine.py": "over the limits before the size check (issue 44); not split yet",
-    "server/app.py": "over the limits before the size check (issue 44); not split yet",
 }
 
 
@@ -367,6 +362,20 @@ def test_modules_and_classes_stay_readable() -> None:
     big = oversized(PACKAGE, SIZE_ALLOWED)
     assert not big, (f"split these (a module over {MAX_MODULE_LINES} lines, a class over {MAX_CLASS_LINES}), "
                      "or allow-list them in SIZE_ALLOWED with a reason:\n" + "\n".join(big))
+
+
+MAX_SERVED_CALLS = 4  # the server line, a server's model name, the remote drafting plan, left to right
+
+
+def test_the_app_asks_served_only_where_it_shows_the_server() -> None:
+    """What differs in behaviour for a server's model is on the Engine protocol (unsupported,
+    counts_tokens, text_only, precise, placement); `served()` is for showing the server itself."""
+    calls = []
+    for path in sorted((ROOT / "app").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "served":
+                calls.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert len(calls) <= MAX_SERVED_CALLS, "ask the engine instead (engine_protocol.Engine): " + ", ".join(calls)
 
 
 def test_size_allow_list_is_current() -> None:

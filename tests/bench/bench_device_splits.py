@@ -10,6 +10,12 @@ lookup) are listed as such: they are one split at the start, not a round trip.
 
     GGML_VK_VISIBLE_DEVICES=0 python tests/bench/bench_device_splits.py --model M.gguf [--steps 4]
 
+`--planned` loads by model_backend/placement.py's plan instead of every layer (with
+DGCHAT_GPU_MEMORY=1G, say, a mixture of experts keeps its first layers' experts in RAM): the
+expert products of those layers then show where llama.cpp runs them, on the CPU (a CPU split per
+such layer) or on the device with the weights copied from RAM (ggml's op offload of batches of 32
+or more; the copies are the split inputs counted here).
+
 On a CPU-only engine there is nothing to offload and the script says so. Used by
 tests/bench/vulkan_check.sh (lavapipe) and usable as is on CUDA or Metal.
 """
@@ -83,6 +89,8 @@ def main() -> int:
     ap.add_argument("--gen-length", type=int, default=32)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--planned", action="store_true",
+                    help="load as placed by free memory ($DGCHAT_GPU_MEMORY), not every layer on the device")
     args = ap.parse_args()
 
     info = llamacpp.engine_info()
@@ -95,7 +103,9 @@ def main() -> int:
     log = GraphLog()
     set_log_hook(log)
     try:
-        with load_engine(args.model, n_gpu_layers=999, n_threads=args.threads) as engine:
+        with load_engine(args.model, n_gpu_layers=None if args.planned else 999, n_threads=args.threads,
+                         experts_on="auto" if args.planned else "gpu") as engine:
+            print(f"placement: {engine.placement.summary()} ({engine.placement.reason})")
             warm = len(log.graphs)  # graphs split while loading (the reserve passes)
             prompt = engine.chat_prompt([{"role": "user", "content": "Say something to the guard at the gate."}])
             params = DiffusionParams(steps=args.steps, gen_length=args.gen_length, seed=1)

@@ -1,24 +1,29 @@
 """Experts in RAM on a device with little memory: the placement, the tokens, and the time per step.
 
-Loads one DiffusionGemma file three ways in one process and runs the same generation on each:
+Runs the same generation of one DiffusionGemma file under up to three loads:
 
-- `cpu`: every weight in RAM, computed on the CPU (`--gpu-layers 0`);
+- `cpu`: every weight in RAM, computed on the CPU. Run it with a CPU-only engine (the default
+  `.venv`): in a GPU build llama.cpp sends any product of 32 or more tokens to the device even with
+  `--gpu-layers 0` (ggml's op offload copies the weights), so only a CPU build is a CPU reference;
 - `device`: every layer on the GPU (`--experts-on gpu`, no memory limit);
 - `limited`: the device's memory stated as `--gpu-memory` ($DGCHAT_GPU_MEMORY), placed by
   model_backend/placement.py: with a limit smaller than the model, the first layers' routed experts
   stay in RAM (llama.cpp's tensor buffer-type overrides) and the rest goes to the device.
 
 It prints each load's placement (what went where, bytes per device), ms per step, and how many answer
-tokens equal the CPU's; exit status 1 when the limited load did not keep experts in RAM or its tokens
-differ from the CPU's. On a software GPU (lavapipe) set GGML_VK_DISABLE_F16=1 for token equality:
-ggml-vulkan's f16 operands otherwise move logits by ~1e-2 (README, "What has run where"), which
-random weights turn into different draws.
+tokens equal the reference's (`--reference`: the JSON a `--loads cpu` run wrote); exit status 1 when
+the limited load kept no experts in RAM or its tokens differ from the reference. On a software GPU
+(lavapipe) set GGML_VK_DISABLE_F16=1: ggml-vulkan's f16 operands otherwise move logits by ~1e-2
+(README, "What has run where"), which random weights turn into different draws.
 
-    GGML_VK_VISIBLE_DEVICES=0 GGML_VK_DISABLE_F16=1 python tests/bench/bench_placement_device.py \\
-        --model /tmp/dg-L4-16k.gguf --gpu-memory 2G
+    python tests/bench/bench_placement_device.py --model M.gguf --loads cpu --json /tmp/cpu.json
+    GGML_VK_VISIBLE_DEVICES=0 GGML_VK_DISABLE_F16=1 .venv-vulkan/bin/python \
+        tests/bench/bench_placement_device.py --model M.gguf --gpu-memory 640M --reference /tmp/cpu.json
 
-The model: `python tests/bench/make_fullshape_dg.py /tmp/dg-L4-16k.gguf --layers 4 --n-vocab 16384`
-(DiffusionGemma 26B-A4B's widths and 128 experts, 4 layers, a 16,384-token vocabulary: 1.9 GB).
+The model (DiffusionGemma's layout and 64 experts top-4 at small widths, 0.5 GB):
+`python tests/bench/make_fullshape_dg.py M.gguf --layers 4 --n-embd 512 --n-vocab 4096 --n-expert 64
+--n-expert-used 4 --expert-ff 2048 --n-ff 1024 --n-head 8`. tests/bench/vulkan_check.sh's `placement`
+stage does all of this.
 """
 
 from __future__ import annotations
@@ -71,7 +76,9 @@ def run(model: Path, *, gpu_layers: int | None, experts_on: str, limit: str | No
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, required=True)
-    ap.add_argument("--gpu-memory", default="2G", help="the device memory the limited load may use (default 2G)")
+    ap.add_argument("--loads", default="device,limited", help="which loads to run: cpu, device, limited")
+    ap.add_argument("--reference", type=Path, default=None, help="a `--loads cpu` run's JSON: tokens to match")
+    ap.add_argument("--gpu-memory", default="640M", help="the device memory the limited load may use")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--gen-length", type=int, default=32)
     ap.add_argument("--threads", type=int, default=None)
@@ -82,29 +89,36 @@ def main() -> int:
     gpus = llamacpp.local_gpu_devices()
     print(f"engine {info.llama_cpp_version} patch level {info.patch_level}; devices: "
           + (", ".join(f"{d.name} ({d.description}, {d.memory_free / 2**30:.1f} GiB free)" for d in gpus) or "none"))
-    if not gpus:
+    loads = [name.strip() for name in args.loads.split(",") if name.strip()]
+    if loads != ["cpu"] and not gpus:
         print("no local GPU device: nothing to place")
         return 0
+    if "cpu" in loads and gpus:
+        print("note: a GPU build's `cpu` load still offloads large products to the device (see --help)")
     common = dict(steps=args.steps, gen_length=args.gen_length, threads=args.threads)
-    results = {
-        "cpu": run(args.model, gpu_layers=0, experts_on="auto", limit=None, **common),
-        "device": run(args.model, gpu_layers=None, experts_on="gpu", limit=None, **common),
-        "limited": run(args.model, gpu_layers=None, experts_on="auto", limit=args.gpu_memory, **common),
-    }
-    cpu_tokens = np.asarray(results["cpu"]["tokens"])
+    settings = {"cpu": dict(gpu_layers=0, experts_on="auto", limit=None),
+                "device": dict(gpu_layers=None, experts_on="gpu", limit=None),
+                "limited": dict(gpu_layers=None, experts_on="auto", limit=args.gpu_memory)}
+    results = {name: run(args.model, **settings[name], **common) for name in loads}
+    reference = (json.loads(args.reference.read_text())["cpu"]["tokens"] if args.reference
+                 else results.get("cpu", {}).get("tokens"))
     print(f"model {args.model.name}; {args.steps} steps, canvas {args.gen_length}; "
           f"GGML_VK_DISABLE_F16={os.environ.get('GGML_VK_DISABLE_F16', '')!r}")
     print(f"{'load':8} {'ms/step':>9} {'load s':>7}  {'tokens = CPU':>12}  placement")
     for name, r in results.items():
-        same = int((np.asarray(r["tokens"]) == cpu_tokens).sum()) if len(r["tokens"]) == cpu_tokens.size else 0
-        r["tokens_equal_cpu"] = same
+        same = (int((np.asarray(r["tokens"]) == np.asarray(reference)).sum())
+                if reference is not None and len(r["tokens"]) == len(reference) else None)
+        r["tokens_equal_reference"] = same
+        shown = f"{same:>5} / {len(reference):<4}" if same is not None else f"{'-':>12}"
         limit = f" (limit {args.gpu_memory})" if name == "limited" else ""
-        print(f"{name:8} {r['ms_per_step']:9.1f} {r['load_s']:7.1f}  {same:>5} / {cpu_tokens.size:<4}  "
-              f"{r['summary']}{limit}")
-    limited = results["limited"]
-    ok = bool(limited["placement"]["experts_in_ram"]) and limited["tokens_equal_cpu"] == cpu_tokens.size
-    print("placement check: " + ("ok" if ok else "FAILED") + f" (experts in RAM: layers "
-          f"{limited['placement']['experts_in_ram']}; reason: {limited['placement']['reason']})")
+        print(f"{name:8} {r['ms_per_step']:9.1f} {r['load_s']:7.1f}  {shown}  {r['summary']}{limit}")
+    ok = True
+    if "limited" in results:
+        limited = results["limited"]
+        ok = bool(limited["placement"]["experts_in_ram"]) and (
+            reference is None or limited["tokens_equal_reference"] == len(reference))
+        print("placement check: " + ("ok" if ok else "FAILED") + f" (experts in RAM: layers "
+              f"{limited['placement']['experts_in_ram']}; reason: {limited['placement']['reason']})")
     if args.json:
         args.json.write_text(json.dumps({"model": str(args.model), "gpu_memory": args.gpu_memory,
                                          "devices": [d.name for d in gpus], **results}, indent=2))

@@ -20,6 +20,10 @@
 #   tests     the device-path tests with every layer on the device (DGCHAT_TEST_GPU_LAYERS=999), through
 #             tests/bench/device_pytest.py: Mesa 22's lavapipe crash (tests/fixtures/device.py) becomes a
 #             named skip of the test it hit, and the rest run on.
+#   placement (only when named in STAGES) tests/bench/bench_placement_device.py: a DiffusionGemma
+#             fixture (64 experts, 0.5 GB) under a stated device memory of $GPU_MEMORY (704M): its first
+#             layers' experts stay in RAM, and its tokens must equal a CPU build's ($CPU_PY, the dev
+#             venv's python), with GGML_VK_DISABLE_F16=1; then the splits of that placement
 #   splits    tests/bench/bench_device_splits.py: graph splits per denoising step and the ops that
 #             ran on the CPU, on the bundled model.
 # lavapipe reports itself as a CPU-type device, which ggml-vulkan skips unless it is named:
@@ -27,7 +31,8 @@
 # summary.txt last.
 #
 # Knobs: SET [fast|full]  TESTS (overrides SET)  PYTEST_ARGS  VENV [.venv-vulkan]  MESA [system|backports|bookworm]
-#        STAGES ["sanity tests splits"]  NO_APT=1 (never call apt-get)  PYTHON [python3]
+#        STAGES ["sanity tests splits"; add placement]  NO_APT=1 (never call apt-get)  PYTHON [python3]
+#        CPU_PY [.venv/bin/python]  GPU_MEMORY [704M]
 {  # the whole script is read before it runs: editing it during a run cannot change that run
 set -u
 START=$(date +%s)
@@ -35,7 +40,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 2
 OUT=${OUT:-/tmp/vulkan_check_out}
 mkdir -p "$OUT"
-rm -f "$OUT"/{summary.txt,packages.log,engine.log,sanity.log,tests.log,splits.log,splits.json}
+rm -f "$OUT"/{summary.txt,packages.log,engine.log,sanity.log,tests.log,splits.log,splits.json,placement.log}
 SET=${SET:-fast}
 VENV=${VENV:-.venv-vulkan}
 MESA=${MESA:-system}
@@ -154,6 +159,21 @@ if (( ENGINE_RC == 0 )); then
             log "splits: SIGSEGV inside Mesa $mesa's lavapipe (upstream; MESA=backports has Mesa 25)"
         fi
     fi
+    if want placement; then
+        placement() {
+            local model=$OUT/dg-placement.gguf cpu_py=${CPU_PY:-.venv/bin/python}
+            [[ -f $model ]] || "$VPY" tests/bench/make_fullshape_dg.py "$model" --layers 4 --n-embd 512 \
+                --n-vocab 4096 --n-expert 64 --n-expert-used 4 --expert-ff 2048 --n-ff 1024 --n-head 8 || return 1
+            "$cpu_py" tests/bench/bench_placement_device.py --model "$model" --loads cpu \
+                --json "$OUT/placement-cpu.json" || return 1
+            GGML_VK_DISABLE_F16=1 "$VPY" tests/bench/bench_placement_device.py --model "$model" \
+                --loads limited,device --gpu-memory "${GPU_MEMORY:-704M}" --reference "$OUT/placement-cpu.json" \
+                --json "$OUT/placement.json" || return 1
+            DGCHAT_GPU_MEMORY=${GPU_MEMORY:-704M} "$VPY" tests/bench/bench_device_splits.py --model "$model" \
+                --planned --steps 2
+        }
+        run_stage placement "$OUT/placement.log" placement
+    fi
 fi
 
 # -- summary ---------------------------------------------------------------------------------------------------
@@ -168,6 +188,7 @@ fi
     [[ -f $OUT/sanity.log ]] && { echo "-- sanity"; grep -E "deviceName|max \|logit|PROBLEM|^sanity:" "$OUT/sanity.log"; }
     [[ -f $OUT/tests.log ]] && { echo "-- tests"; grep -E "^(FAILED|ERROR|XFAIL) |::.* SKIPPED \(|(passed|failed|error).* in [0-9.]+s|^device_pytest: " "$OUT/tests.log" | tail -n 30; }
     [[ -f $OUT/splits.log ]] && { echo "-- splits"; grep -vE "^\[vulkan_check" "$OUT/splits.log" | tail -n 20; }
+    [[ -f $OUT/placement.log ]] && { echo "-- placement"; grep -vE "^\[vulkan_check" "$OUT/placement.log" | tail -n 30; }
 } > "$OUT/summary.txt" 2>&1
 cat "$OUT/summary.txt"
 for s in "${ORDER[@]}"; do [[ ${STATUS[$s]} == ok || ${STATUS[$s]} == skipped:* ]] || exit 1; done

@@ -91,6 +91,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--planned", action="store_true",
                     help="load as placed by free memory ($DGCHAT_GPU_MEMORY), not every layer on the device")
+    ap.add_argument("--experts-on", choices=("auto", "cpu", "gpu"), default=None,
+                    help="with --planned: where the routed experts may go (default auto)")
     args = ap.parse_args()
 
     info = llamacpp.engine_info()
@@ -104,7 +106,7 @@ def main() -> int:
     set_log_hook(log)
     try:
         with load_engine(args.model, n_gpu_layers=None if args.planned else 999, n_threads=args.threads,
-                         experts_on="auto" if args.planned else "gpu") as engine:
+                         experts_on=(args.experts_on or "auto") if args.planned else "gpu") as engine:
             print(f"placement: {engine.placement.summary()} ({engine.placement.reason})")
             warm = len(log.graphs)  # graphs split while loading (the reserve passes)
             prompt = engine.chat_prompt([{"role": "user", "content": "Say something to the guard at the gate."}])

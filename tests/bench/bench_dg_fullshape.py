@@ -170,7 +170,10 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--canvas", type=int, default=None, help="canvas length (default: the model's, 256)")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--n-gpu-layers", type=int, default=None, help="default: all when a GPU is available")
+    ap.add_argument("--n-gpu-layers", type=int, default=None,
+                    help="default: placed by the GPU's free memory (model_backend/placement.py)")
+    ap.add_argument("--experts-on", choices=("auto", "cpu", "gpu"), default="auto",
+                    help="where the routed experts may go (cpu: every layer's in RAM, the rest on the GPU)")
     ap.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                     help="extra DiffusionParams field for every run, e.g. sampler_on=host (repeatable)")
     ap.add_argument("--host-steps", type=int, default=None, metavar="S",
@@ -207,7 +210,7 @@ def main() -> None:
 def run(path: Path, args: argparse.Namespace, steps: list[int]) -> dict[str, Any]:
     info = engine_info()
     t0 = time.perf_counter()
-    engine = load_engine(path, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers)
+    engine = load_engine(path, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, experts_on=args.experts_on)
     load_s = time.perf_counter() - t0
     rss_loaded = peak_rss_mb()
     with engine:
@@ -216,6 +219,7 @@ def run(path: Path, args: argparse.Namespace, steps: list[int]) -> dict[str, Any
         print(f"{path.name}: {describe(path)}")
         print(f"engine {info.llama_cpp_version}, patch level {info.patch_level}, gpu offload {info.gpu_offload}, "
               f"{engine.label}; loaded in {load_s:.1f} s")
+        print(f"placement: {engine.placement.summary()} ({engine.placement.reason})")
         print(f"prompt {prompt.size} tokens, canvas {canvas}; diffusion runs exactly S steps on one canvas "
               f"(early_stop off, confidence_threshold -1: no early stop); --ar decodes {args.ar_tokens} tokens")
         print("backend = llama.cpp (stats.model_s), host = Python (stats.sampler_s), per step, the prompt "

@@ -12,6 +12,8 @@
 #   sanity  patch level, gpu_offload, a tiny model with every layer on the GPU (gpu_check_sanity.py)
 #   tests   DiffusionGemma equivalence tests with every layer on the GPU (DGCHAT_TEST_GPU_LAYERS)
 #   bench   tests/bench/bench_dg_fullshape.py on the 30-layer random full-shape GGUF
+#   bench-ram  the same with every layer's routed experts kept in RAM (--experts-on cpu; steps 16,48),
+#           then its graph splits (bench_device_splits.py --planned --experts-on cpu)
 #   splits  tests/bench/bench_device_splits.py: graph splits per step, ops left on the CPU (into bench.log)
 # Logs and results go to $OUT (the device tool brings back at most 8 files; this writes 8):
 #   summary.txt build.log sanity.log tests.log junit.xml make.log bench.log bench.json
@@ -50,7 +52,7 @@ CUDA=${CUDA:-ON}
 BUDGET_S=${BUDGET_S:-565}
 T_BUILD=${T_BUILD:-330}; T_SANITY=${T_SANITY:-60}; T_TESTS=${T_TESTS:-200}; T_MAKE=${T_MAKE:-330}; T_BENCH=${T_BENCH:-240}
 T_SPLITS=${T_SPLITS:-60}
-STAGES=${STAGES:-sanity tests bench splits}
+STAGES=${STAGES:-sanity tests bench splits bench-ram}
 TESTS=${TESTS:-tests/model_backend/test_diffusion_gemma_numerics.py tests/model_backend/test_diffusion_gemma_sampler.py tests/model_backend/test_backend_sampler.py}
 PYTEST_ARGS=${PYTEST_ARGS:-}
 BENCH_LAYERS=${BENCH_LAYERS:-30}; BENCH_QTYPE=${BENCH_QTYPE:-q4_0}; BENCH_STEPS=${BENCH_STEPS:-16,24,32,48}
@@ -277,6 +279,18 @@ stage_bench() {  # (c) the full-shape bench
         skip bench "no full-shape GGUF (writer ${STATUS[make]:-not run}; see make.log)"
     fi
 }
+stage_bench-ram() {  # (d) experts in RAM: what a 12 GB card's split costs per step, and its splits
+    wait_writer
+    if [[ -f "$BENCH_MODEL.done" ]]; then
+        # shellcheck disable=SC2086
+        run_stage bench-ram "$T_BENCH" "$OUT/bench.log" "$PY" tests/bench/bench_dg_fullshape.py --model "$BENCH_MODEL" \
+            --steps 16,48 --experts-on cpu --json "$OUT/bench-ram.json" $BENCH_ARGS
+        run_stage splits-ram "$T_SPLITS" "$OUT/bench.log" "$PY" tests/bench/bench_device_splits.py \
+            --model "$BENCH_MODEL" --steps 2 --planned --experts-on cpu
+    else
+        skip bench-ram "no full-shape GGUF (writer ${STATUS[make]:-not run}; see make.log)"
+    fi
+}
 stage_splits() {
     # graph splits per denoising step with every layer on the GPU (ops ggml-cuda leaves to the CPU),
     # on the full-shape file (262k vocabulary) when it was written, else the bundled model; appended
@@ -289,9 +303,9 @@ stage_splits() {
 }
 for s in $STAGES; do
     case $s in
-        sanity|tests|bench|splits)
+        sanity|tests|bench|splits|bench-ram)
             if (( BUILD_RC != 0 )); then skip "$s" "no engine (build ${STATUS[build]})"; else "stage_$s"; fi ;;
-        *) log "unknown stage '$s' (STAGES: sanity tests bench splits, in any order)" ;;
+        *) log "unknown stage '$s' (STAGES: sanity tests bench splits bench-ram, in any order)" ;;
     esac
 done
 if [[ -n "$MAKE_PID" ]] && kill -0 "$MAKE_PID" 2>/dev/null; then kill -TERM "$MAKE_PID" 2>/dev/null; wait "$MAKE_PID"; fi

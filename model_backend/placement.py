@@ -313,12 +313,14 @@ def runtime_from_header(header: GgufHeader, *, n_ctx: int, canvas: int = 256, kv
 
 # -- the plan --------------------------------------------------------------------------------------
 def plan_placement(model: ModelBytes, *, gpu_free: int, runtime: int, gpu_layers: int | None = None,
-                   experts_on: str = "auto", margin: float = DEFAULT_MARGIN) -> Placement:
+                   experts_on: str = "auto", margin: float = DEFAULT_MARGIN,
+                   reserve: int = RESERVE_BYTES) -> Placement:
     """Where `model` goes on a GPU with `gpu_free` bytes free (0: no GPU), `runtime` bytes of
     KV cache and compute buffers included (`runtime_bytes`). `gpu_layers` forces llama.cpp's
     n_gpu_layers (the output layer first, then the last N-1 layers); `experts_on` "cpu" keeps
     every routed expert in RAM, "gpu" never keeps one there, "auto" as few as the memory needs.
-    `margin`: the share of the free memory kept free (RESERVE_BYTES is kept besides)."""
+    `margin`: the share of the free memory kept free, `reserve` bytes besides (a driver's own
+    allocations; 0 and 0 where a person stated the memory the plan may use)."""
     if experts_on not in EXPERTS_ON:
         raise InvalidParameterError(f"experts_on must be one of {', '.join(EXPERTS_ON)} (got {experts_on!r})")
     if gpu_layers is not None and gpu_layers < 0:
@@ -328,7 +330,7 @@ def plan_placement(model: ModelBytes, *, gpu_free: int, runtime: int, gpu_layers
         return _cpu(model, 0, "no GPU to offload to")
     if gpu_layers == 0:
         return _cpu(model, gpu_free, "--gpu-layers 0")
-    budget = int(gpu_free * (1 - margin)) - RESERVE_BYTES
+    budget = int(gpu_free * (1 - margin)) - reserve
     moe = model.is_moe and experts_on != "gpu"
     if gpu_layers is not None:
         return _forced(model, gpu_free, runtime, budget, min(gpu_layers, n + 1), experts_on, f"--gpu-layers {gpu_layers}")

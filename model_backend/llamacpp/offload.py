@@ -90,5 +90,8 @@ def decide_placement(header: GgufHeader, *, gpu_layers: int | None = None, exper
                          model.n_layer)
     runtime = runtime_from_header(header, n_ctx=n_ctx, canvas=canvas, kv_bytes_per_value=kv_bytes_per_value,
                                   kv_cache=kv_cache)
+    # a stated limit ($DGCHAT_GPU_MEMORY) is what the plan may use: no margin kept off it; the
+    # driver-reported free memory keeps one (the driver's and other programs' allocations)
+    stated = gpu_memory_limit() is not None
     return plan_placement(model, gpu_free=gpu_free_memory(), runtime=runtime, gpu_layers=gpu_layers,
-                          experts_on=experts_on)
+                          experts_on=experts_on, **({"margin": 0.0, "reserve": 0} if stated else {}))

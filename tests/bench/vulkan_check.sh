@@ -20,10 +20,10 @@
 #   tests     the device-path tests with every layer on the device (DGCHAT_TEST_GPU_LAYERS=999), through
 #             tests/bench/device_pytest.py: Mesa 22's lavapipe crash (tests/fixtures/device.py) becomes a
 #             named skip of the test it hit, and the rest run on.
-#   placement (only when named in STAGES) tests/bench/bench_placement_device.py: a DiffusionGemma
-#             fixture (64 experts, 0.5 GB) under a stated device memory of $GPU_MEMORY (704M): its first
-#             layers' experts stay in RAM, and its tokens must equal a CPU build's ($CPU_PY, the dev
-#             venv's python), with GGML_VK_DISABLE_F16=1; then the splits of that placement
+#   placement (only when named in STAGES) tests/bench/bench_placement_device.py: the bundled model
+#             (PLACEMENT_MODEL) under a stated device memory of $GPU_MEMORY (41M): its first layers'
+#             experts stay in RAM, its greedy tokens must equal the whole-device load's (GGML_VK_DISABLE_F16=1;
+#             a CPU build's, $CPU_PY, are printed beside them: measured equal too); then its splits
 #   splits    tests/bench/bench_device_splits.py: graph splits per denoising step and the ops that
 #             ran on the CPU, on the bundled model.
 # lavapipe reports itself as a CPU-type device, which ggml-vulkan skips unless it is named:
@@ -32,7 +32,7 @@
 #
 # Knobs: SET [fast|full]  TESTS (overrides SET)  PYTEST_ARGS  VENV [.venv-vulkan]  MESA [system|backports|bookworm]
 #        STAGES ["sanity tests splits"; add placement]  NO_APT=1 (never call apt-get)  PYTHON [python3]
-#        CPU_PY [.venv/bin/python]  GPU_MEMORY [704M]
+#        CPU_PY [.venv/bin/python]  GPU_MEMORY [41M]  PLACEMENT_MODEL [the bundled model]
 {  # the whole script is read before it runs: editing it during a run cannot change that run
 set -u
 START=$(date +%s)
@@ -161,15 +161,13 @@ if (( ENGINE_RC == 0 )); then
     fi
     if want placement; then
         placement() {
-            local model=$OUT/dg-placement.gguf cpu_py=${CPU_PY:-.venv/bin/python}
-            [[ -f $model ]] || "$VPY" tests/bench/make_fullshape_dg.py "$model" --layers 4 --n-embd 512 \
-                --n-vocab 4096 --n-expert 64 --n-expert-used 4 --expert-ff 2048 --n-ff 1024 --n-head 8 || return 1
-            "$cpu_py" tests/bench/bench_placement_device.py --model "$model" --loads cpu \
+            local model=${PLACEMENT_MODEL:-assets/dgchat-tiny-plays.gguf} cpu_py=${CPU_PY:-.venv/bin/python}
+            "$cpu_py" tests/bench/bench_placement_device.py --model "$model" --loads cpu --greedy \
                 --json "$OUT/placement-cpu.json" || return 1
             GGML_VK_DISABLE_F16=1 "$VPY" tests/bench/bench_placement_device.py --model "$model" \
-                --loads limited,device --gpu-memory "${GPU_MEMORY:-704M}" --reference "$OUT/placement-cpu.json" \
+                --loads device,limited --greedy --gpu-memory "${GPU_MEMORY:-41M}" --reference "$OUT/placement-cpu.json" \
                 --json "$OUT/placement.json" || return 1
-            DGCHAT_GPU_MEMORY=${GPU_MEMORY:-704M} "$VPY" tests/bench/bench_device_splits.py --model "$model" \
+            DGCHAT_GPU_MEMORY=${GPU_MEMORY:-41M} "$VPY" tests/bench/bench_device_splits.py --model "$model" \
                 --planned --steps 2
         }
         run_stage placement "$OUT/placement.log" placement

@@ -369,9 +369,10 @@ def write_fullshape_dg(
     return out
 
 
-def _write(plan: GGUFPlan, tensors: list[_Tensor], path: Path, progress: ProgressFn | None) -> None:
-    # gguf's writer lays out the header, metadata and tensor infos (offsets: each tensor padded to
-    # the alignment); the data section is written here in the same layout, piece by piece
+def write_header(plan: GGUFPlan, path: Path) -> _Writer:
+    """gguf's writer with `plan`'s header, metadata and tensor infos written to `path` (offsets: each
+    tensor padded to the alignment), open at their end: the caller writes the data section in that
+    layout (or leaves it a hole) and closes the writer."""
     writer = _Writer(None, plan.arch)  # packs numpy metadata arrays in one go (self-conditioning)
     try:
         for key, value, vtype, sub_type in plan.kv:
@@ -383,6 +384,17 @@ def _write(plan: GGUFPlan, tensors: list[_Tensor], path: Path, progress: Progres
         writer.write_header_to_file(path)
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
+        assert writer.fout is not None
+    except BaseException:
+        writer.close()
+        raise
+    return writer
+
+
+def _write(plan: GGUFPlan, tensors: list[_Tensor], path: Path, progress: ProgressFn | None) -> None:
+    # the data section is written here in write_header's layout, piece by piece
+    writer = write_header(plan, path)
+    try:
         assert writer.fout is not None
         fout = writer.fout[0]
         align = writer.data_alignment

@@ -21,6 +21,7 @@ from dgchat.model_backend.masked_diffusion import CanvasTemplate  # noqa: E402
 from dgchat.model_backend.params import DiffusionParams  # noqa: E402
 from fixtures import dg_cache  # noqa: E402
 from fixtures.dg_engine import run_scenario  # noqa: E402
+from fixtures.dg_reference import hf_generate  # noqa: E402
 
 EXACT = engine_info().exact_diffusion_gemma
 STEPS = 6
@@ -36,18 +37,11 @@ def dg(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def _transformers_tokens(ckpt: Path, prompt: np.ndarray, initial: np.ndarray) -> np.ndarray:
-    from transformers import DiffusionGemmaForBlockDiffusion
     from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSamplerConfig
 
-    torch.manual_seed(0)
-    model = DiffusionGemmaForBlockDiffusion.from_pretrained(str(ckpt), dtype=torch.float32,
-                                                           attn_implementation="eager").eval()
-    out = model.generate(torch.from_numpy(prompt.astype(np.int64))[None],
-                         decoder_input_ids=torch.from_numpy(initial.astype(np.int64))[None],
-                         max_new_tokens=initial.size, max_denoising_steps=STEPS, t_min=NEAR_ZERO["t_min"],
-                         t_max=NEAR_ZERO["t_max"], eos_token_id=None,
-                         sampler_config=EntropyBoundSamplerConfig(entropy_bound=NEAR_ZERO["entropy_bound"]))
-    return out.sequences[0, prompt.size:].numpy()
+    return hf_generate(ckpt, prompt, initial, max_new_tokens=initial.size, max_denoising_steps=STEPS,
+                       t_min=NEAR_ZERO["t_min"], t_max=NEAR_ZERO["t_max"], eos_token_id=None,
+                       sampler_config=EntropyBoundSamplerConfig(entropy_bound=NEAR_ZERO["entropy_bound"]))
 
 
 def _engine_tokens(gguf: Path, *, precise: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -21,6 +21,7 @@ from dgchat.model_backend.llamacpp import engine_info  # noqa: E402
 from dgchat.model_backend.requests import CanvasTemplate  # noqa: E402
 from dgchat.model_backend.params import DiffusionParams  # noqa: E402
 from fixtures.dg_cache import checkpoint, converted  # noqa: E402
+from fixtures.dg_reference import hf_generate  # noqa: E402
 from fixtures.device import skip_if_lavapipe_crashed  # noqa: E402
 
 EXACT = engine_info().exact_diffusion_gemma
@@ -100,17 +101,6 @@ def dg_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def _hf_generate(ckpt: Path, prompt: np.ndarray, initial: np.ndarray, **gen) -> np.ndarray:
-    from transformers import DiffusionGemmaForBlockDiffusion
-
-    torch.manual_seed(0)
-    model = DiffusionGemmaForBlockDiffusion.from_pretrained(str(ckpt), dtype=torch.float32,
-                                                           attn_implementation="eager").eval()
-    out = model.generate(torch.from_numpy(prompt.astype(np.int64))[None],
-                         decoder_input_ids=torch.from_numpy(initial.astype(np.int64))[None], **gen)
-    return out.sequences[0, prompt.size:].numpy()
-
-
 @pytest.mark.parametrize("name", ["sw8", "sw64"])
 def test_whole_generation_matches_transformers(dg_files, name: str) -> None:
     """Deterministic setting: temperatures near 0 make both samplers take the argmax, and an
@@ -129,7 +119,7 @@ def test_whole_generation_matches_transformers(dg_files, name: str) -> None:
         assert isinstance(final, FinalEvent)
         steps = [e for e in events if isinstance(e, StepEvent)]
         assert all(e.uniform_state for e in steps)
-        hf = _hf_generate(dg_files[f"ckpt-{name}"], prompt, initial, max_new_tokens=L, max_denoising_steps=6,
+        hf = hf_generate(dg_files[f"ckpt-{name}"], prompt, initial, max_new_tokens=L, max_denoising_steps=6,
                           t_min=0.001, t_max=0.002, sampler_config=EntropyBoundSamplerConfig(entropy_bound=1e6),
                           eos_token_id=None)
         if EXACT:

@@ -24,6 +24,7 @@ from dgchat.model_backend.loader import load_engine  # noqa: E402
 from dgchat.model_backend.params import DiffusionParams  # noqa: E402
 from dgchat.model_backend.requests import CanvasTemplate  # noqa: E402
 from fixtures.dg_cache import checkpoint, converted  # noqa: E402
+from fixtures.dg_reference import hf_generate  # noqa: E402
 
 VOCAB = 262_144
 pytestmark = pytest.mark.skipif(not engine_info().exact_diffusion_gemma,
@@ -56,25 +57,14 @@ def _generate(gguf: Path, *, precise: bool, soft_embedding: str = "auto") -> tup
     return prompt, initial, final
 
 
-def _hf_generate(ckpt: Path, prompt: np.ndarray, initial: np.ndarray) -> np.ndarray:
-    from transformers import DiffusionGemmaForBlockDiffusion
-    from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSamplerConfig
-
-    torch.manual_seed(0)
-    model = DiffusionGemmaForBlockDiffusion.from_pretrained(str(ckpt), dtype=torch.float32,
-                                                           attn_implementation="eager").eval()
-    out = model.generate(torch.from_numpy(prompt.astype(np.int64))[None],
-                         decoder_input_ids=torch.from_numpy(initial.astype(np.int64))[None],
-                         max_new_tokens=initial.size, max_denoising_steps=6, t_min=1e-6, t_max=2e-6,
-                         sampler_config=EntropyBoundSamplerConfig(entropy_bound=1e6), eos_token_id=None)
-    return out.sequences[0, prompt.size:].numpy()
-
-
 def test_precise_takes_the_exact_soft_embedding_and_equals_transformers(wide) -> None:
     ckpt, gguf = wide
     prompt, initial, final = _generate(gguf, precise=True)
     assert final.stats.soft_embedding == "exact"
-    hf = _hf_generate(ckpt, prompt, initial)
+    from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSamplerConfig
+
+    hf = hf_generate(ckpt, prompt, initial, max_new_tokens=initial.size, max_denoising_steps=6, t_min=1e-6,
+                     t_max=2e-6, sampler_config=EntropyBoundSamplerConfig(entropy_bound=1e6), eos_token_id=None)
     np.testing.assert_array_equal(final.tokens, hf[: final.tokens.size])
     # without exact mode a CPU keeps the cheaper form at this size, and says so
     _, _, fast = _generate(gguf, precise=False)

@@ -64,10 +64,11 @@ def gpu_memory_limit() -> int | None:
         raise InvalidParameterError(f"${GPU_MEMORY_ENV}: {exc}") from None
 
 
-def gpu_free_memory() -> int:
+def gpu_free_memory(limit: int | None = None) -> int:
     """Free memory of the local GPUs together (llama.cpp splits layers between them by free
-    memory), capped by $DGCHAT_GPU_MEMORY; 0 without a local GPU."""
-    limit = gpu_memory_limit()  # read first: a bad value is an error on any machine
+    memory), capped by `limit` (default: $DGCHAT_GPU_MEMORY's); 0 without a local GPU."""
+    if limit is None:
+        limit = gpu_memory_limit()  # read first: a bad value is an error on any machine
     if not local_gpu_present():
         return 0
     free = sum(d.memory_free for d in local_gpu_devices())
@@ -92,6 +93,6 @@ def decide_placement(header: GgufHeader, *, gpu_layers: int | None = None, exper
                                   kv_cache=kv_cache)
     # a stated limit ($DGCHAT_GPU_MEMORY) is what the plan may use: no margin kept off it; the
     # driver-reported free memory keeps one (the driver's and other programs' allocations)
-    stated = gpu_memory_limit() is not None
-    return plan_placement(model, gpu_free=gpu_free_memory(), runtime=runtime, gpu_layers=gpu_layers,
-                          experts_on=experts_on, **({"margin": 0.0, "reserve": 0} if stated else {}))
+    limit = gpu_memory_limit()
+    return plan_placement(model, gpu_free=gpu_free_memory(limit), runtime=runtime, gpu_layers=gpu_layers,
+                          experts_on=experts_on, **({"margin": 0.0, "reserve": 0} if limit is not None else {}))
